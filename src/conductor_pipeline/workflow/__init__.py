@@ -1,0 +1,43 @@
+"""The domain core: workflows as data, parsing, prompt rendering and async execution.
+
+No Kedro or MLflow imports here; usable directly from a notebook::
+
+    from conductor_pipeline.workflow import parse_workflow, execute_workflow
+"""
+
+from conductor_pipeline.workflow.executor import (
+    Budget,
+    ExecutionResult,
+    StepRecord,
+    execute_workflow,
+)
+from conductor_pipeline.workflow.parser import parse_workflow, render_workflow, workflow_from_lists
+from conductor_pipeline.workflow.prompts import (
+    DEFAULT_FEW_SHOT,
+    FewShotExample,
+    PromptConfig,
+    conductor_messages,
+    recursion_messages,
+    worker_messages,
+)
+from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow, WorkflowParseError
+
+__all__ = [
+    "DEFAULT_FEW_SHOT",
+    "Budget",
+    "ExecutionResult",
+    "FewShotExample",
+    "ParseLimits",
+    "PromptConfig",
+    "Step",
+    "StepRecord",
+    "Workflow",
+    "WorkflowParseError",
+    "conductor_messages",
+    "execute_workflow",
+    "parse_workflow",
+    "recursion_messages",
+    "render_workflow",
+    "worker_messages",
+    "workflow_from_lists",
+]

@@ -1,0 +1,327 @@
+"""Run a workflow against a worker pool, concurrently where the access lists allow.
+
+Each step is an asyncio task that waits only for the steps in its access list, so steps
+that do not see each other run at the same time (the paper runs every step in sequence).
+
+Budgets are checked just before a step calls its worker, against what has already been
+spent: ``max_steps`` counts calls already started, ``max_tokens`` and ``max_cost_usd`` sum
+the usage of calls already finished. A call in progress is never interrupted, so a run can
+end slightly above a token or cost limit, but no call starts once a limit is reached. A
+step refused by a budget is recorded as skipped with that budget's name, and so is every
+step that depends on a skipped step.
+
+Worker failures (``reply.failure`` set, or an exception from the caller, recorded as
+``provider_error``) are infrastructure failures, not wrong answers: they are recorded, and
+dependants still run, seeing "(no response)" for the failed step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from conductor_pipeline.workers.types import FailureKind, WorkerCaller, WorkerReply
+from conductor_pipeline.workflow.prompts import PromptConfig, worker_messages
+from conductor_pipeline.workflow.types import Workflow
+
+__all__ = ["Budget", "ExecutionResult", "StepRecord", "execute_workflow"]
+
+BUDGET_NAMES = ("max_steps", "max_tokens", "max_cost_usd")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Hard per-request limits; ``None`` means unlimited."""
+
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+
+    def refusal(self, calls_started: int, tokens: int, cost_usd: float) -> str | None:
+        """The name of the first limit already reached, or ``None`` if a call may start."""
+        if self.max_steps is not None and calls_started >= self.max_steps:
+            return "max_steps"
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return "max_tokens"
+        if self.max_cost_usd is not None and cost_usd >= self.max_cost_usd:
+            return "max_cost_usd"
+        return None
+
+
+@dataclass
+class StepRecord:
+    """What happened at one step. Times are seconds since the execution started.
+
+    Exactly one outcome holds: ``response`` set (success), ``failure`` set (infrastructure
+    failure, with ``error``), or ``skipped_reason`` set (the step never ran; the name of
+    the budget that stopped it).
+    """
+
+    index: int
+    worker: int
+    worker_name: str | None
+    subtask: str
+    access: tuple[int, ...]
+    response: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    cache_hit: bool = False
+    failure: str | None = None
+    error: str | None = None
+    skipped_reason: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.skipped_reason is None
+
+    def to_dict(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["access"] = list(self.access)
+        row["tokens"] = self.tokens
+        return row
+
+
+@dataclass
+class ExecutionResult:
+    """The outcome of one workflow run.
+
+    ``answer`` is the last step's response; if that step failed, was skipped or replied
+    with blank text, it is the last non-empty successful response before it
+    (``answer_step`` says which step; ``None`` and ``""`` when there is none).
+    ``stopped_by`` names the budget that refused a step, if any. ``latency_s`` is the
+    wall-clock time of the whole run; ``calls`` counts worker calls made (including failed
+    ones); ``infra_failures`` counts failed calls.
+    """
+
+    answer: str
+    answer_step: int | None
+    steps: list[StepRecord] = field(default_factory=list)
+    stopped_by: str | None = None
+    tokens: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    calls: int = 0
+    latency_s: float = 0.0
+    infra_failures: int = 0
+    cache_hits: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "answer": self.answer,
+            "answer_step": self.answer_step,
+            "stopped_by": self.stopped_by,
+            "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": self.cost_usd,
+            "calls": self.calls,
+            "latency_s": self.latency_s,
+            "infra_failures": self.infra_failures,
+            "cache_hits": self.cache_hits,
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+
+class _Run:
+    """Shared state of one execution (single event loop, so no locks needed)."""
+
+    __slots__ = (
+        "workflow",
+        "question",
+        "call_worker",
+        "config",
+        "budget",
+        "names",
+        "sample_index",
+        "t0",
+        "records",
+        "responses",
+        "skipped",
+        "calls_started",
+        "tokens_spent",
+        "cost_spent",
+        "stopped_by",
+    )
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        question: str,
+        call_worker: WorkerCaller,
+        config: PromptConfig,
+        budget: Budget | None,
+        names: Sequence[str] | None,
+        sample_index: int,
+    ) -> None:
+        self.workflow = workflow
+        self.question = question
+        self.call_worker = call_worker
+        self.config = config
+        self.budget = budget
+        self.names = names
+        self.sample_index = sample_index
+        self.t0 = time.perf_counter()
+        self.records: list[StepRecord] = []
+        self.responses: dict[int, str] = {}
+        self.skipped: set[int] = set()
+        self.calls_started = 0
+        self.tokens_spent = 0
+        self.cost_spent = 0.0
+        self.stopped_by: str | None = None
+
+    def _name(self, worker: int) -> str | None:
+        names = self.names
+        if names is not None and 0 <= worker < len(names):
+            return names[worker]
+        return None
+
+    async def run_step(self, i: int, deps: list[asyncio.Task[None]]) -> None:
+        for dep in deps:
+            await dep
+        step = self.workflow.steps[i]
+        record = self.records[i]
+        blocked = next((j for j in step.access if j in self.skipped), None)
+        if blocked is not None:
+            record.skipped_reason = self.records[blocked].skipped_reason
+            self.skipped.add(i)
+            return
+        if self.budget is not None:
+            reason = self.budget.refusal(self.calls_started, self.tokens_spent, self.cost_spent)
+            if reason is not None:
+                record.skipped_reason = reason
+                self.skipped.add(i)
+                if self.stopped_by is None:
+                    self.stopped_by = reason
+                return
+        self.calls_started += 1
+        messages = worker_messages(self.question, self.workflow, i, self.responses, self.config)
+        start = time.perf_counter()
+        record.started_at = start - self.t0
+        try:
+            reply = await self.call_worker(step.worker, messages, self.sample_index)
+        except Exception as exc:  # a broken caller must not crash the run
+            reply = WorkerReply(
+                worker=record.worker_name or str(step.worker),
+                text=None,
+                failure=FailureKind.PROVIDER_ERROR,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        end = time.perf_counter()
+        record.finished_at = end - self.t0
+        record.latency_s = end - start
+        self._record_reply(i, record, reply)
+
+    def _record_reply(self, i: int, record: StepRecord, reply: Any) -> None:
+        if not isinstance(reply, WorkerReply):
+            record.failure = FailureKind.MALFORMED_REPLY.value
+            record.error = f"the worker caller returned {type(reply).__name__}, not WorkerReply"
+            return
+        usage = reply.usage
+        record.prompt_tokens = int(usage.prompt_tokens or 0)
+        record.completion_tokens = int(usage.completion_tokens or 0)
+        record.cost_usd = float(usage.cost_usd or 0.0)
+        record.cache_hit = bool(usage.cache_hit)
+        if record.worker_name is None and reply.worker:
+            record.worker_name = reply.worker
+        self.tokens_spent += record.prompt_tokens + record.completion_tokens
+        self.cost_spent += record.cost_usd
+        if reply.failure is not None:
+            record.failure = str(
+                reply.failure.value if hasattr(reply.failure, "value") else reply.failure
+            )
+            record.error = reply.error
+        elif reply.text is None:
+            record.failure = FailureKind.EMPTY_REPLY.value
+            record.error = reply.error or "the reply has no text"
+        else:
+            record.response = reply.text
+            self.responses[i] = reply.text
+
+
+async def execute_workflow(
+    workflow: Workflow,
+    question: str,
+    call_worker: WorkerCaller,
+    *,
+    config: PromptConfig | None = None,
+    budget: Budget | None = None,
+    worker_names: Sequence[str] | None = None,
+    sample_index: int = 0,
+) -> ExecutionResult:
+    """Execute ``workflow`` for ``question`` and collect per-step records and totals.
+
+    ``call_worker`` is awaited once per step that runs, with the worker's pool position,
+    the messages from :func:`worker_messages` and ``sample_index``. Never raises for
+    worker problems; cancelling the caller's task cancels the steps in flight.
+    """
+    run = _Run(
+        workflow,
+        question,
+        call_worker,
+        config or PromptConfig(),
+        budget,
+        worker_names,
+        sample_index,
+    )
+    steps = workflow.steps
+    run.records = [
+        StepRecord(
+            index=i,
+            worker=s.worker,
+            worker_name=run._name(s.worker),
+            subtask=s.subtask,
+            access=s.access,
+        )
+        for i, s in enumerate(steps)
+    ]
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for i, s in enumerate(steps):
+            deps = [tasks[j] for j in s.access]
+            tasks.append(asyncio.create_task(run.run_step(i, deps)))
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+    wall = time.perf_counter() - run.t0
+    return _result(run, wall)
+
+
+def _result(run: _Run, wall: float) -> ExecutionResult:
+    records = run.records
+    answer, answer_step = "", None
+    for rec in reversed(records):
+        if rec.response is not None and rec.response.strip():
+            answer, answer_step = rec.response, rec.index
+            break
+    ran = [r for r in records if r.started_at is not None]
+    prompt = sum(r.prompt_tokens for r in ran)
+    completion = sum(r.completion_tokens for r in ran)
+    return ExecutionResult(
+        answer=answer,
+        answer_step=answer_step,
+        steps=records,
+        stopped_by=run.stopped_by,
+        tokens=prompt + completion,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cost_usd=sum(r.cost_usd for r in ran),
+        calls=len(ran),
+        latency_s=wall,
+        infra_failures=sum(1 for r in ran if r.failure is not None),
+        cache_hits=sum(1 for r in ran if r.cache_hit),
+    )

@@ -1,0 +1,452 @@
+"""Read a workflow out of a Conductor completion, and write one back as canonical text.
+
+Accepted input (see :func:`parse_workflow`): free reasoning text followed by three labelled
+list literals, ``model_id``, ``subtasks`` and ``access_list``, written as Python or JSON,
+inside or outside code fences, after any ``<think>...</think>`` blocks; or a JSON object
+with those keys. List literals are located with a bracket-balancing scanner that respects
+strings and comments, then decoded with :func:`ast.literal_eval` (never ``eval``) or
+:func:`json.loads`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow, WorkflowParseError
+
+__all__ = ["parse_workflow", "render_workflow", "workflow_from_lists"]
+
+_DEFAULT_LIMITS = ParseLimits()
+# Valid workflows nest three deep at most; anything much deeper is garbage and would only
+# risk RecursionError/MemoryError inside the literal decoders.
+_MAX_NESTING = 32
+# Bounds the work on degenerate completions that repeat a label over and over.
+_MAX_LABELS = 200
+
+MODEL_ID, SUBTASKS, ACCESS = "model_id", "subtasks", "access_list"
+_CANONICAL = (MODEL_ID, SUBTASKS, ACCESS)
+
+# A label, optionally decorated with markdown/quotes (**model_id**, `subtasks`, "access"),
+# then ':' or '=', optional decoration, and the opening bracket of the list.
+_DECO = r"[*_`'\"]{0,3}"
+_LABEL_RE = re.compile(
+    r"(?<![\w])" + _DECO + r"(?P<label>model[ _-]?ids?|sub[ _-]?tasks?|access[ _-]?lists?|access)"
+    r"(?![A-Za-z0-9])" + _DECO + r"[ \t]*[:=][ \t]*" + _DECO + r"\s*\[",
+    re.IGNORECASE,
+)
+_THINK_TAG_RE = re.compile(r"<(/?)think>", re.IGNORECASE)
+# Characters the bracket scanner must look at; everything else is skipped in one jump.
+_INTERESTING_RE = re.compile(r"[\[\](){}\"'#]")
+_STRING_BODY = {
+    '"': re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL),
+    "'": re.compile(r"(?:[^'\\]|\\.)*'", re.DOTALL),
+    '"""': re.compile(r'(?:[^"\\]|\\.|"(?!""))*"""', re.DOTALL),
+    "'''": re.compile(r"(?:[^'\\]|\\.|'(?!''))*'''", re.DOTALL),
+}
+_CLOSERS = {"[": "]", "(": ")", "{": "}"}
+# In rendered subtasks, think tags are written with an escape so that the think-stripping
+# pass never sees them (the literal decoder turns \x74 back into 't').
+_THINK_TAG_IN_LITERAL_RE = re.compile(r"<(/?)([tT])([hH][iI][nN][kK]>)")
+
+
+def _kind(label: str) -> str:
+    c = label[0].lower()
+    return MODEL_ID if c == "m" else SUBTASKS if c == "s" else ACCESS
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # pragma: no cover - repr of literals does not fail
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------
+# Locating and decoding list literals
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Record:
+    kind: str
+    value: Any = None
+    error: str | None = None
+
+
+def _scan_literal(text: str, start: int, kind: str) -> tuple[int, str]:
+    """Return (end, literal) for the bracketed literal opening at ``text[start]``.
+
+    The literal is returned with raw line breaks inside single-line strings escaped (a
+    common slip of small models); the decoder tries the original text first.
+    """
+    stack: list[str] = []
+    fixes: list[tuple[int, int]] = []  # spans of single-line strings holding raw newlines
+    i = start
+    n = len(text)
+    search = _INTERESTING_RE.search
+    while True:
+        m = search(text, i)
+        if m is None:
+            raise WorkflowParseError(
+                f"the {kind} list opened at character {start} is never closed "
+                "(unbalanced brackets, or the completion was cut off)"
+            )
+        i = m.start()
+        c = text[i]
+        if c in _CLOSERS:
+            stack.append(_CLOSERS[c])
+            if len(stack) > _MAX_NESTING:
+                raise WorkflowParseError(
+                    f"the {kind} list is nested more than {_MAX_NESTING} levels deep"
+                )
+            i += 1
+        elif c in "])}":
+            if not stack or stack[-1] != c:
+                raise WorkflowParseError(f"the {kind} list has a mismatched {c!r} at character {i}")
+            stack.pop()
+            i += 1
+            if not stack:
+                literal = text[start:i]
+                if fixes:
+                    literal = _escape_newlines(text, start, i, fixes)
+                return i, literal
+        elif c == "#":
+            nl = text.find("\n", i)
+            i = n if nl < 0 else nl + 1
+        else:  # a quote opens a string
+            quote = text[i : i + 3] if text.startswith(c * 3, i) else c
+            body = _STRING_BODY[quote].match(text, i + len(quote))
+            if body is None:
+                raise WorkflowParseError(
+                    f"the {kind} list has an unterminated string starting at character {i}"
+                )
+            end = body.end()
+            if len(quote) == 1 and ("\n" in text[i:end] or "\r" in text[i:end]):
+                fixes.append((i, end))
+            i = end
+
+
+def _escape_newlines(text: str, start: int, end: int, fixes: list[tuple[int, int]]) -> str:
+    parts: list[str] = []
+    pos = start
+    for a, b in fixes:
+        parts.append(text[pos:a])
+        parts.append(text[a:b].replace("\r", "\\r").replace("\n", "\\n"))
+        pos = b
+    parts.append(text[pos:end])
+    return "".join(parts)
+
+
+def _decode(literal: str, original: str, kind: str) -> Any:
+    errors: list[str] = []
+    candidates = (original,) if literal == original else (original, literal)
+    for source in candidates:
+        try:
+            return ast.literal_eval(source)
+        except (RecursionError, MemoryError):
+            raise WorkflowParseError(f"the {kind} list is too large or too deeply nested") from None
+        except Exception as exc:  # SyntaxError, ValueError, TypeError, ...
+            errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        try:
+            return json.loads(source)
+        except (RecursionError, MemoryError):
+            raise WorkflowParseError(f"the {kind} list is too large or too deeply nested") from None
+        except Exception:
+            pass
+    raise WorkflowParseError(
+        f"the {kind} list is not a valid Python or JSON literal ({errors[0][:120]})"
+    )
+
+
+def _strip_think(text: str) -> str:
+    """Remove reasoning blocks; a block that never closes means there is no answer.
+
+    One linear pass: an opening tag starts a block that the next closing tag ends (tags
+    nested inside are ignored). A closing tag outside any block means the chat template
+    opened the block for the model, so everything before it is reasoning.
+    """
+    if "<" not in text:
+        return text
+    kept: list[str] = []
+    pos = 0
+    inside = False
+    for m in _THINK_TAG_RE.finditer(text):
+        is_close = m.group(1) == "/"
+        if inside:
+            if is_close:
+                inside = False
+                pos = m.end()
+                kept.append(" ")
+        elif is_close:
+            kept = []
+            pos = m.end()
+        else:
+            kept.append(text[pos : m.start()])
+            inside = True
+    if inside:
+        raise WorkflowParseError("unclosed <think> block: the completion ended before its answer")
+    kept.append(text[pos:])
+    return "".join(kept)
+
+
+def _collect(text: str) -> list[_Record]:
+    records: list[_Record] = []
+    pos = 0
+    while True:
+        m = _LABEL_RE.search(text, pos)
+        if m is None:
+            return records
+        if len(records) >= _MAX_LABELS:
+            raise WorkflowParseError(
+                f"more than {_MAX_LABELS} labelled lists; the completion looks degenerate"
+            )
+        kind = _kind(m.group("label"))
+        open_at = m.end() - 1
+        try:
+            end, literal = _scan_literal(text, open_at, kind)
+            value = _decode(literal, text[open_at:end], kind)
+        except WorkflowParseError as exc:
+            records.append(_Record(kind, error=str(exc)))
+            pos = m.end()
+            continue
+        records.append(_Record(kind, value=value))
+        pos = end  # labels inside a consumed literal (e.g. in a subtask) are not labels
+
+
+def _select(records: list[_Record]) -> dict[str, _Record]:
+    """Pick the last complete set of three lists.
+
+    A set is three consecutive labelled lists with distinct labels. Sets in the canonical
+    order (model_id, subtasks, access_list) are preferred, so that a stray earlier mention
+    or a cut-off restatement never gets mixed into the answer; other orders (e.g. a JSON
+    object with reordered keys) are the fall-back.
+    """
+    kinds = [r.kind for r in records]
+    windows = range(len(records) - 3, -1, -1)
+    chosen = next((i for i in windows if tuple(kinds[i : i + 3]) == _CANONICAL), None)
+    if chosen is None:
+        chosen = next((i for i in windows if len(set(kinds[i : i + 3])) == 3), None)
+    if chosen is None:
+        errors = [r.error for r in records if r.error]
+        if errors:
+            raise WorkflowParseError(errors[-1])
+        found = [k for k in _CANONICAL if k in kinds]
+        if not found:
+            raise WorkflowParseError(
+                "no workflow found: expected three labelled lists model_id, subtasks and "
+                "access_list (e.g. 'model_id = [0]')"
+            )
+        missing = [k for k in _CANONICAL if k not in kinds]
+        if missing:
+            raise WorkflowParseError(
+                f"incomplete workflow: found {' and '.join(found)} but no {' or '.join(missing)}"
+            )
+        raise WorkflowParseError(
+            "incomplete workflow: model_id, subtasks and access_list are not given together"
+        )
+    group = {r.kind: r for r in records[chosen : chosen + 3]}
+    for kind in _CANONICAL:
+        if group[kind].error:
+            raise WorkflowParseError(group[kind].error)
+    return group
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------
+
+
+def _is_all(x: Any) -> bool:
+    return isinstance(x, str) and x.strip().lower() == "all"
+
+
+def _resolve_access(entry: Any, i: int) -> tuple[int, ...]:
+    where = f"access_list[{i}]"
+    if isinstance(entry, str):
+        if _is_all(entry):
+            return tuple(range(i))
+        raise WorkflowParseError(
+            f"{where} is {_short(entry)}; expected 'all', [] or a list of earlier step positions"
+        )
+    if not isinstance(entry, (list, tuple)):
+        raise WorkflowParseError(
+            f"{where} is {_short(entry)}; expected 'all', [] or a list of earlier step positions"
+        )
+    if not entry:
+        return ()
+    alls = [_is_all(x) for x in entry]
+    if all(alls):
+        return tuple(range(i))
+    if any(alls):
+        raise WorkflowParseError(f"{where} mixes 'all' with step positions: {_short(entry)}")
+    for x in entry:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise WorkflowParseError(
+                f"{where} contains {_short(x)}; step positions must be integers"
+            )
+        if x < 0:
+            raise WorkflowParseError(
+                f"{where} refers to step {x}; step positions must be non-negative"
+            )
+        if x >= i:
+            raise WorkflowParseError(
+                f"{where} refers to step {x}, which is not earlier than step {i}"
+            )
+    return tuple(sorted(set(entry)))
+
+
+def workflow_from_lists(
+    model_id: Any,
+    subtasks: Any,
+    access_list: Any,
+    n_workers: int,
+    *,
+    limits: ParseLimits | None = None,
+    allow_empty: bool = False,
+) -> Workflow:
+    """Validate the three decoded lists and build a :class:`Workflow`.
+
+    Raises :class:`WorkflowParseError` naming the first problem found.
+    """
+    limits = limits or _DEFAULT_LIMITS
+    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
+        raise WorkflowParseError(f"n_workers must be a positive integer, got {_short(n_workers)}")
+    for name, value in ((MODEL_ID, model_id), (SUBTASKS, subtasks), (ACCESS, access_list)):
+        if not isinstance(value, (list, tuple)):
+            raise WorkflowParseError(f"{name} must be a list, got {_short(value)}")
+    n = len(model_id)
+    if not n == len(subtasks) == len(access_list):
+        raise WorkflowParseError(
+            f"the three lists must have equal length, but model_id has {n} entries, "
+            f"subtasks {len(subtasks)} and access_list {len(access_list)}"
+        )
+    if n == 0:
+        if allow_empty:
+            return Workflow([])
+        raise WorkflowParseError(
+            "empty workflow: three empty lists are only allowed in a recursion round "
+            "(to keep the previous answer)"
+        )
+    if n > limits.max_steps:
+        raise WorkflowParseError(
+            f"the workflow has {n} steps; at most {limits.max_steps} are allowed"
+        )
+    steps: list[Step] = []
+    for i in range(n):
+        w = model_id[i]
+        if isinstance(w, bool) or not isinstance(w, int):
+            raise WorkflowParseError(f"model_id[{i}] is {_short(w)}; worker ids must be integers")
+        if not 0 <= w < n_workers:
+            raise WorkflowParseError(
+                f"model_id[{i}] is {w}, but the pool has {n_workers} workers "
+                f"(ids 0 to {n_workers - 1})"
+            )
+        sub = subtasks[i]
+        if not isinstance(sub, str):
+            raise WorkflowParseError(f"subtasks[{i}] is {_short(sub)}; subtasks must be strings")
+        if not sub.strip():
+            raise WorkflowParseError(f"subtasks[{i}] is empty")
+        if len(sub) > limits.max_subtask_chars:
+            raise WorkflowParseError(
+                f"subtasks[{i}] has {len(sub)} characters; at most "
+                f"{limits.max_subtask_chars} are allowed"
+            )
+        steps.append(Step(w, sub, _resolve_access(access_list[i], i)))
+    return Workflow(steps)
+
+
+# ---------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------
+
+
+def parse_workflow(
+    text: str,
+    n_workers: int,
+    *,
+    limits: ParseLimits | None = None,
+    allow_empty: bool = False,
+) -> Workflow:
+    """Parse a Conductor completion into a :class:`Workflow`.
+
+    Accepted forms:
+
+    - free reasoning text, then the labelled lists ``model_id``, ``subtasks`` and
+      ``access_list`` as Python or JSON literals. Label spellings ``model_id``/``model id``/
+      ``model_ids``, ``subtasks``/``subtask``, ``access_list``/``access list``/``access``
+      (any case), with ``:`` or ``=``, optionally quoted, back-ticked or bold;
+    - a JSON object ``{"model_id": [...], "subtasks": [...], "access_list": [...]}``;
+    - either of those inside a code fence.
+
+    ``<think>...</think>`` blocks are removed first; an unclosed ``<think>`` means the
+    completion has no answer. If the lists appear several times, the last complete set
+    wins. Access entries: ``"all"``/``["all"]`` = every earlier step (none for step 0),
+    ``[]`` = none, a list of ints = those earlier steps (sorted, de-duplicated).
+
+    Three empty lists are accepted only with ``allow_empty=True`` (a recursion round's
+    "keep the previous answer"). Every problem raises :class:`WorkflowParseError`;
+    no other exception escapes.
+    """
+    try:
+        return _parse(text, n_workers, limits or _DEFAULT_LIMITS, allow_empty)
+    except WorkflowParseError:
+        raise
+    except Exception as exc:  # defensive: the contract is "only WorkflowParseError"
+        raise WorkflowParseError(
+            f"could not parse the workflow ({type(exc).__name__}: {str(exc)[:120]})"
+        ) from exc
+
+
+def _parse(text: str, n_workers: int, limits: ParseLimits, allow_empty: bool) -> Workflow:
+    if not isinstance(text, str):
+        raise WorkflowParseError(f"expected the completion as a str, got {type(text).__name__}")
+    if len(text) > limits.max_text_chars:
+        raise WorkflowParseError(
+            f"the completion has {len(text)} characters; at most {limits.max_text_chars} are parsed"
+        )
+    group = _select(_collect(_strip_think(text)))
+    return workflow_from_lists(
+        group[MODEL_ID].value,
+        group[SUBTASKS].value,
+        group[ACCESS].value,
+        n_workers,
+        limits=limits,
+        allow_empty=allow_empty,
+    )
+
+
+def _render_str(s: str) -> str:
+    literal = repr(s)
+    if "<" in literal:
+        literal = _THINK_TAG_IN_LITERAL_RE.sub(
+            lambda m: f"<{m.group(1)}\\x{ord(m.group(2)):02x}{m.group(3)}", literal
+        )
+    return literal
+
+
+def _render_access(access: Sequence[int], i: int) -> str:
+    if not access:
+        return "[]"
+    if len(access) == i and tuple(access) == tuple(range(i)):
+        return '"all"'
+    return "[" + ", ".join(str(j) for j in access) + "]"
+
+
+def render_workflow(workflow: Workflow) -> str:
+    """The canonical text of a workflow: three labelled Python list literals.
+
+    ``parse_workflow(render_workflow(wf), n)`` returns ``wf`` again (with
+    ``allow_empty=True`` for the empty workflow). Access is written as ``"all"`` when a step
+    sees every earlier step, ``[]`` when it sees none, else as a position list.
+    """
+    steps = workflow.steps
+    model_id = "[" + ", ".join(str(s.worker) for s in steps) + "]"
+    subtasks = "[" + ", ".join(_render_str(s.subtask) for s in steps) + "]"
+    access = "[" + ", ".join(_render_access(s.access, i) for i, s in enumerate(steps)) + "]"
+    return f"model_id = {model_id}\nsubtasks = {subtasks}\naccess_list = {access}"

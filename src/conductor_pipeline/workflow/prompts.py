@@ -1,0 +1,303 @@
+"""Chat messages for the Conductor (planning, recursion) and for the workers it calls.
+
+All wording here is ours. Design choices, briefly:
+
+- Workers are shown to the Conductor only as "Worker <n>: <description>"; names are never
+  added here (callers pass descriptions; keep them free of model names to avoid priors).
+- The default prompt is short because the sandbox Conductor is a 135M model that must fit
+  the prompt plus a 512-token completion in its context.
+- ``PromptConfig.question_to_workers`` (default ``False``): in our sandbox a worker sees only
+  its subtask and the steps its access list shows it, so the Conductor has to write
+  self-contained subtasks. ``True`` reproduces the authors' released code, where every
+  worker message also carries the original question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conductor_pipeline.workflow.parser import parse_workflow, render_workflow
+from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow
+
+__all__ = [
+    "DEFAULT_FEW_SHOT",
+    "FewShotExample",
+    "PromptConfig",
+    "conductor_messages",
+    "recursion_messages",
+    "worker_messages",
+]
+
+NO_RESPONSE = "(no response)"
+
+
+@dataclass(frozen=True)
+class FewShotExample:
+    """A worked example for the Conductor prompt: a question, short reasoning, a workflow.
+
+    ``workflow`` may be a :class:`Workflow` or its text (anything ``parse_workflow`` reads).
+    Worker ids are taken modulo the pool size when rendered, so examples stay valid for
+    small pools.
+    """
+
+    question: str
+    workflow: Workflow | str
+    reasoning: str = ""
+
+    @classmethod
+    def coerce(cls, item: FewShotExample | Mapping[str, Any]) -> FewShotExample:
+        if isinstance(item, FewShotExample):
+            return item
+        wf = item.get("workflow", item.get("workflow_text"))
+        if wf is None:
+            raise ValueError("a few-shot example needs 'workflow' or 'workflow_text'")
+        return cls(str(item["question"]), wf, str(item.get("reasoning", "")))
+
+    def resolved(self, max_steps: int) -> Workflow:
+        if isinstance(self.workflow, Workflow):
+            return self.workflow
+        limits = ParseLimits(max_steps=max(max_steps, 1))
+        return parse_workflow(self.workflow, 1_000_000, limits=limits)
+
+
+DEFAULT_FEW_SHOT: tuple[FewShotExample, ...] = (
+    FewShotExample(
+        question=(
+            "Muffins cost $2.50 each or $13 for a box of 6. What is the cheapest way to buy "
+            "exactly 15 muffins, and what does it cost?"
+        ),
+        reasoning=(
+            "Price comparisons invite arithmetic slips, so two workers solve it separately, "
+            "then one of them checks both attempts and gives the result."
+        ),
+        workflow=Workflow(
+            [
+                Step(
+                    1,
+                    "Muffins cost $2.50 each or $13 for a box of 6. Find the cheapest way to "
+                    "buy exactly 15 muffins and its total cost. Show the arithmetic.",
+                ),
+                Step(
+                    0,
+                    "Muffins cost $2.50 each or $13 for a box of 6. Find the cheapest way to "
+                    "buy exactly 15 muffins and its total cost. Show the arithmetic.",
+                ),
+                Step(
+                    1,
+                    "Check both attempts at the muffin problem and state the cheapest option "
+                    "and its cost.",
+                    (0, 1),
+                ),
+            ]
+        ),
+    ),
+    FewShotExample(
+        question=(
+            "Write a short, friendly email reminding a team to submit timesheets by Friday, "
+            "then translate it into Spanish."
+        ),
+        reasoning="Drafting and translating are separate jobs: one worker drafts, another translates.",
+        workflow=Workflow(
+            [
+                Step(
+                    0,
+                    "Write a short, friendly email reminding a team to submit their "
+                    "timesheets by Friday.",
+                ),
+                Step(
+                    1,
+                    "Translate the email above into Spanish, keeping its tone. Reply with the "
+                    "Spanish email only.",
+                    (0,),
+                ),
+            ]
+        ),
+    ),
+)
+
+
+@dataclass
+class PromptConfig:
+    """How Conductor and worker prompts are written.
+
+    - ``few_shot``: examples (``FewShotExample`` or dicts with ``question``,
+      ``workflow``/``workflow_text`` and ``reasoning``); defaults to ``DEFAULT_FEW_SHOT``.
+    - ``question_to_workers``: also show workers the original question (authors' code);
+      default ``False`` (workers see only their subtask and visible steps).
+    - ``max_steps``: the step cap stated in the prompt (the parser enforces its own limit).
+    - ``worker_descriptions``: default pool descriptions, used when a call passes ``None``.
+    - ``positional_access``: mention position lists (``[0, 2]``) besides ``"all"``/``[]``.
+    - ``max_answer_chars``: previous answers shown in a recursion round are cropped to this.
+    """
+
+    few_shot: list[Any] = field(default_factory=lambda: list(DEFAULT_FEW_SHOT))
+    question_to_workers: bool = False
+    max_steps: int = 5
+    worker_descriptions: list[str] | None = None
+    positional_access: bool = True
+    max_answer_chars: int = 2000
+
+    def __post_init__(self) -> None:
+        self.few_shot = [FewShotExample.coerce(x) for x in self.few_shot]
+        if self.max_steps < 1:
+            raise ValueError("max_steps must be at least 1")
+        # Fail early on an unparsable example text rather than at the first prompt.
+        for ex in self.few_shot:
+            ex.resolved(self.max_steps)
+
+
+_SYSTEM = (
+    "You are a coordinator for a team of worker models. You plan who handles what and "
+    "what each worker gets to see; you never answer questions yourself."
+)
+
+
+def _rules(config: PromptConfig) -> str:
+    access = '"all" = the subtasks and responses of every earlier step, [] = nothing' + (
+        ", [0, 2] = only those earlier steps" if config.positional_access else ""
+    )
+    visibility = (
+        "Every worker also sees the question."
+        if config.question_to_workers
+        else "Workers never see the question, so each subtask must contain everything its "
+        "worker needs."
+    )
+    return (
+        f"Write a workflow of 1 to {config.max_steps} steps that answers the question below. "
+        "Each step gives one worker a subtask; the response of the last step is the final "
+        "answer.\n"
+        "Reply with brief reasoning, then three lists of equal length (entry i is step i):\n"
+        "model_id: the worker number of each step\n"
+        "subtasks: the instruction you write for each worker\n"
+        f"access_list: what each worker sees besides its subtask: {access}\n"
+        f"{visibility}"
+    )
+
+
+def _workers_block(descriptions: Sequence[str]) -> str:
+    lines = []
+    for i, d in enumerate(descriptions):
+        d = " ".join(str(d).split())
+        lines.append(f"Worker {i}: {d}" if d else f"Worker {i}")
+    return "Workers:\n" + "\n".join(lines)
+
+
+def _example_block(k: int, ex: FewShotExample, n_workers: int, max_steps: int) -> str:
+    wf = ex.resolved(max_steps)
+    if any(s.worker >= n_workers for s in wf.steps):
+        wf = Workflow([Step(s.worker % n_workers, s.subtask, s.access) for s in wf.steps])
+    reasoning = ex.reasoning.strip()
+    body = f"{reasoning}\n{render_workflow(wf)}" if reasoning else render_workflow(wf)
+    return f"Example {k}\nQuestion: {ex.question.strip()}\nReply:\n{body}"
+
+
+def _descriptions(worker_descriptions: Sequence[str] | None, config: PromptConfig) -> list[str]:
+    descriptions = (
+        worker_descriptions if worker_descriptions is not None else config.worker_descriptions
+    )
+    if not descriptions:
+        raise ValueError("the worker pool is empty: pass worker_descriptions")
+    return list(descriptions)
+
+
+def conductor_messages(
+    question: str,
+    worker_descriptions: Sequence[str] | None = None,
+    config: PromptConfig | None = None,
+) -> list[dict[str, str]]:
+    """System + user messages asking the Conductor for a workflow for ``question``.
+
+    The user message holds the format rules, the numbered workers, the few-shot examples
+    and, last, the question.
+    """
+    config = config or PromptConfig()
+    descriptions = _descriptions(worker_descriptions, config)
+    parts = [_rules(config), _workers_block(descriptions)]
+    parts += [
+        _example_block(k, ex, len(descriptions), config.max_steps)
+        for k, ex in enumerate(config.few_shot, start=1)
+    ]
+    parts.append(f"Question: {question.strip()}")
+    return [
+        {"role": "system", "content": _SYSTEM},
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]
+
+
+def worker_messages(
+    question: str,
+    workflow: Workflow,
+    step_index: int,
+    responses: Mapping[int, str | None],
+    config: PromptConfig | None = None,
+) -> list[dict[str, str]]:
+    """The single user message sent to the worker of step ``step_index``.
+
+    Layout: a framing line; the question in ``<question>`` tags only when
+    ``config.question_to_workers``; for each step in the access list a
+    ``<subtask step="j" worker="w">`` block and a ``<response step="j" worker="w">`` block
+    (a missing or failed response shows as "(no response)"); then "Your subtask:" and the
+    subtask. Steps outside the access list are never shown.
+    """
+    config = config or PromptConfig()
+    step = workflow.steps[step_index]
+    if step.access:
+        framing = (
+            "You are one worker in a team solving a larger task. Work shared by other "
+            "workers is shown below: use it to check or build on, then do your own subtask."
+        )
+    else:
+        framing = "You are one worker in a team solving a larger task. Do your subtask."
+    parts = [framing]
+    if config.question_to_workers:
+        parts.append(f"<question>\n{question.strip()}\n</question>")
+    steps = workflow.steps
+    for j in step.access:
+        w = steps[j].worker
+        response = responses.get(j)
+        if response is None or not response.strip():
+            response = NO_RESPONSE
+        parts.append(
+            f'<subtask step="{j}" worker="{w}">\n{steps[j].subtask}\n</subtask>\n'
+            f'<response step="{j}" worker="{w}">\n{response.strip()}\n</response>'
+        )
+    parts.append(f"Your subtask:\n{step.subtask}")
+    return [{"role": "user", "content": "\n\n".join(parts)}]
+
+
+def _crop(text: str, limit: int) -> str:
+    text = text.strip()
+    if limit > 0 and len(text) > limit:
+        return text[:limit].rstrip() + " [...]"
+    return text
+
+
+def recursion_messages(
+    question: str,
+    worker_descriptions: Sequence[str] | None,
+    previous_text: str,
+    previous_answer: str,
+    config: PromptConfig | None = None,
+) -> list[dict[str, str]]:
+    """The Conductor conversation for a recursion round.
+
+    Round-0 messages, then the previous completion as an assistant turn, then a user turn
+    showing the final answer it produced and asking for either a new workflow or three
+    empty lists to keep that answer (parse the reply with ``allow_empty=True``).
+    """
+    config = config or PromptConfig()
+    answer = _crop(previous_answer or "", config.max_answer_chars) or NO_RESPONSE
+    follow_up = (
+        "Your workflow was run. Its final answer was:\n"
+        f"<answer>\n{answer}\n</answer>\n\n"
+        "If the answer looks wrong or incomplete, write a new workflow in the same format. "
+        "If it should stand, reply with three empty lists:\n"
+        "model_id = []\nsubtasks = []\naccess_list = []"
+    )
+    return [
+        *conductor_messages(question, worker_descriptions, config),
+        {"role": "assistant", "content": previous_text},
+        {"role": "user", "content": follow_up},
+    ]

@@ -1,0 +1,163 @@
+"""Conductor, worker and recursion prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from conductor_pipeline.workflow import (
+    DEFAULT_FEW_SHOT,
+    FewShotExample,
+    PromptConfig,
+    Step,
+    Workflow,
+    conductor_messages,
+    parse_workflow,
+    recursion_messages,
+    render_workflow,
+    worker_messages,
+)
+
+DESCRIPTIONS = ["fast generalist, cheap", "careful reasoner, pricey", "code specialist"]
+QUESTION = "What is the sum of the first 10 odd numbers?"
+
+
+def test_conductor_messages_structure_and_numbered_workers():
+    msgs = conductor_messages(QUESTION, DESCRIPTIONS, PromptConfig())
+    assert [m["role"] for m in msgs] == ["system", "user"]
+    system, user = msgs[0]["content"], msgs[1]["content"]
+    assert "never answer" in system
+    for i, d in enumerate(DESCRIPTIONS):
+        assert f"Worker {i}: {d}" in user
+    assert "Worker 3" not in user
+    # the question comes last, after the examples
+    assert user.rstrip().endswith(f"Question: {QUESTION}")
+    assert user.index("Example 1") < user.index("Example 2") < user.rindex("Question:")
+    assert '"all"' in user and "[]" in user and "1 to 5 steps" in user
+    assert "last step" in user
+    # the default: workers do not see the question, the prompt says so
+    assert "never see the question" in user
+
+
+def test_no_worker_names_are_added():
+    names = ["gpt-4o", "qwen2.5-7b", "sim-math"]
+    user = conductor_messages(QUESTION, DESCRIPTIONS)[1]["content"]
+    for name in names:
+        assert name not in user
+
+
+def test_descriptions_default_from_config_and_empty_pool():
+    cfg = PromptConfig(worker_descriptions=["only one"])
+    user = conductor_messages(QUESTION, None, cfg)[1]["content"]
+    assert "Worker 0: only one" in user
+    with pytest.raises(ValueError, match="worker pool is empty"):
+        conductor_messages(QUESTION, [], PromptConfig())
+
+
+def test_question_to_workers_switch_changes_rules():
+    user = conductor_messages(QUESTION, DESCRIPTIONS, PromptConfig(question_to_workers=True))[1][
+        "content"
+    ]
+    assert "Every worker also sees the question." in user
+
+
+def test_step_cap_and_positional_switch():
+    user = conductor_messages(
+        QUESTION, DESCRIPTIONS, PromptConfig(max_steps=3, positional_access=False)
+    )[1]["content"]
+    assert "1 to 3 steps" in user
+    assert "[0, 2]" not in user
+
+
+def test_few_shot_examples_are_valid_renderings():
+    user = conductor_messages(QUESTION, DESCRIPTIONS)[1]["content"]
+    for ex in DEFAULT_FEW_SHOT:
+        assert render_workflow(ex.workflow) in user
+        assert parse_workflow(render_workflow(ex.workflow), 2) == ex.workflow
+
+
+def test_few_shot_worker_ids_fit_small_pools():
+    user = conductor_messages(QUESTION, ["solo worker"])[1]["content"]
+    assert "model_id = [0, 0, 0]" in user and "model_id = [0, 0]" in user
+    assert "model_id = [1" not in user
+
+
+def test_few_shot_from_dicts_and_text():
+    cfg = PromptConfig(
+        few_shot=[
+            {
+                "question": "Q1?",
+                "workflow_text": "model_id = [0]\nsubtasks = ['do q1']\naccess_list = [[]]",
+                "reasoning": "Easy.",
+            },
+            {"question": "Q2?", "workflow": Workflow([Step(0, "do q2")])},
+        ]
+    )
+    assert all(isinstance(x, FewShotExample) for x in cfg.few_shot)
+    user = conductor_messages(QUESTION, DESCRIPTIONS, cfg)[1]["content"]
+    assert "Question: Q1?\nReply:\nEasy.\nmodel_id = [0]" in user
+    assert "subtasks = ['do q2']" in user
+    with pytest.raises(ValueError):
+        PromptConfig(few_shot=[{"question": "bad", "workflow_text": "no lists here"}])
+    assert (
+        "Example"
+        not in conductor_messages(QUESTION, DESCRIPTIONS, PromptConfig(few_shot=[]))[1]["content"]
+    )
+
+
+def test_default_prompt_is_compact():
+    # ~584 SmolLM2 tokens with 3 workers (measured); a character bound keeps it honest here.
+    msgs = conductor_messages(QUESTION, DESCRIPTIONS)
+    assert sum(len(m["content"]) for m in msgs) < 2600
+
+
+TREE = Workflow(
+    [
+        Step(0, "Add 1+3+5+7+9."),
+        Step(1, "Add 11+13+15+17+19."),
+        Step(2, "Add the two partial sums.", (0,)),
+    ]
+)
+
+
+def test_worker_message_shows_only_visible_steps_and_hides_question_by_default():
+    msgs = worker_messages(QUESTION, TREE, 2, {0: "25", 1: "75"}, PromptConfig())
+    assert len(msgs) == 1 and msgs[0]["role"] == "user"
+    content = msgs[0]["content"]
+    assert QUESTION not in content
+    assert '<subtask step="0" worker="0">\nAdd 1+3+5+7+9.\n</subtask>' in content
+    assert '<response step="0" worker="0">\n25\n</response>' in content
+    assert "Add 11+13" not in content and "75" not in content
+    assert content.endswith("Your subtask:\nAdd the two partial sums.")
+
+
+def test_worker_message_question_switch():
+    msgs = worker_messages(QUESTION, TREE, 0, {}, PromptConfig(question_to_workers=True))
+    content = msgs[0]["content"]
+    assert f"<question>\n{QUESTION}\n</question>" in content
+    assert "<subtask step=" not in content
+    assert content.endswith("Your subtask:\nAdd 1+3+5+7+9.")
+
+
+def test_worker_message_missing_response():
+    content = worker_messages(QUESTION, TREE, 2, {}, PromptConfig())[0]["content"]
+    assert '<response step="0" worker="0">\n(no response)\n</response>' in content
+
+
+def test_recursion_messages():
+    previous = "Split it.\n" + render_workflow(TREE)
+    msgs = recursion_messages(QUESTION, DESCRIPTIONS, previous, "100", PromptConfig())
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert msgs[:2] == conductor_messages(QUESTION, DESCRIPTIONS, PromptConfig())
+    assert msgs[2]["content"] == previous
+    follow = msgs[3]["content"]
+    assert "<answer>\n100\n</answer>" in follow
+    # the "keep it" instruction is itself a parseable empty workflow
+    assert parse_workflow(follow, 3, allow_empty=True).is_empty
+
+
+def test_recursion_answer_is_cropped():
+    msgs = recursion_messages(
+        QUESTION, DESCRIPTIONS, "x", "y" * 5000, PromptConfig(max_answer_chars=100)
+    )
+    assert "y" * 100 + " [...]" in msgs[3]["content"]
+    assert "y" * 101 not in msgs[3]["content"]
