@@ -11,7 +11,20 @@ from conductor_pipeline.workflow.executor import (
     StepRecord,
     execute_workflow,
 )
+from conductor_pipeline.workflow.orchestrator import (
+    ConductorCall,
+    OrchestrationConfig,
+    OrchestrationResult,
+    RoundRecord,
+    orchestrate,
+)
 from conductor_pipeline.workflow.parser import parse_workflow, render_workflow, workflow_from_lists
+from conductor_pipeline.workflow.policy import (
+    ConductorPolicy,
+    EndpointPolicy,
+    LocalPolicy,
+    PolicyCompletion,
+)
 from conductor_pipeline.workflow.prompts import (
     DEFAULT_FEW_SHOT,
     FewShotExample,
@@ -25,6 +38,15 @@ from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow, Workf
 __all__ = [
     "DEFAULT_FEW_SHOT",
     "Budget",
+    "ConductorCall",
+    "ConductorPolicy",
+    "EndpointPolicy",
+    "LocalPolicy",
+    "OrchestrationConfig",
+    "OrchestrationResult",
+    "PolicyCompletion",
+    "RoundRecord",
+    "orchestrate",
     "ExecutionResult",
     "FewShotExample",
     "ParseLimits",

@@ -1,0 +1,146 @@
+"""The Conductor policy: any chat model that turns Conductor messages into a completion.
+
+Two implementations: a local transformers model (default: SmolLM2-135M-Instruct, optionally
+with a LoRA adapter) and an OpenAI-compatible endpoint such as a vLLM server. Heavy imports
+(torch, transformers, peft, litellm) happen on first use, so importing the workflow package
+stays cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass
+class PolicyCompletion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+
+
+class ConductorPolicy(Protocol):
+    """What orchestration needs from a Conductor model."""
+
+    name: str
+
+    async def complete(
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
+    ) -> PolicyCompletion: ...
+
+
+class LocalPolicy:
+    """A transformers causal LM on this machine, generating one completion at a time.
+
+    ``model_dir`` is a Hugging Face model folder; ``None`` means the SmolLM2 copy that
+    :func:`conductor_pipeline.workers.local_model.load_smollm2` prepares offline.
+    ``adapter_dir`` is a PEFT LoRA adapter folder trained on top of it.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        adapter_dir: str | Path | None = None,
+        name: str | None = None,
+    ):
+        self.model_dir = Path(model_dir) if model_dir else None
+        self.adapter_dir = Path(adapter_dir) if adapter_dir else None
+        self.name = name or (
+            f"local:{self.adapter_dir.name}" if self.adapter_dir else "local:smollm2-135m-instruct"
+        )
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._load_lock = threading.Lock()
+        # one generation at a time: the model is shared and CPU threads are few
+        self._generate_lock = threading.Lock()
+
+    def load(self) -> None:
+        with self._load_lock:
+            if self._model is not None:
+                return
+            from conductor_pipeline.workers.local_model import load_smollm2
+
+            if self.model_dir is None:
+                model, tokenizer = load_smollm2()
+            else:
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+                model = AutoModelForCausalLM.from_pretrained(self.model_dir)
+            if self.adapter_dir is not None:
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, str(self.adapter_dir))
+            model.eval()
+            self._model, self._tokenizer = model, tokenizer
+
+    def _generate(
+        self, messages: list[dict[str, str]], temperature: float, max_tokens: int, seed: int
+    ) -> PolicyCompletion:
+        from conductor_pipeline.workers.local_model import generate_chat
+
+        self.load()
+        start = time.perf_counter()
+        with self._generate_lock:
+            text, prompt_tokens, completion_tokens = generate_chat(
+                self._model,
+                self._tokenizer,
+                messages,
+                max_new_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
+            )
+        return PolicyCompletion(text, prompt_tokens, completion_tokens, time.perf_counter() - start)
+
+    async def complete(
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
+    ) -> PolicyCompletion:
+        return await asyncio.to_thread(self._generate, messages, temperature, max_tokens, seed)
+
+
+class EndpointPolicy:
+    """A Conductor served behind an OpenAI-compatible API (e.g. ``vllm serve --enable-lora``).
+
+    ``model`` is a litellm model string such as ``hosted_vllm/conductor`` (the LoRA adapter's
+    served name); the key, if any, comes from the caller (credentials or environment).
+    """
+
+    def __init__(
+        self, model: str, api_base: str, api_key: str | None = None, timeout_s: float = 120.0
+    ):
+        self.model, self.api_base, self.timeout_s = model, api_base, timeout_s
+        self._api_key = api_key
+        self.name = model
+
+    def __repr__(self) -> str:  # never print the key
+        return f"EndpointPolicy(model={self.model!r}, api_base={self.api_base!r})"
+
+    async def complete(
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
+    ) -> PolicyCompletion:
+        import litellm
+
+        start = time.perf_counter()
+        response = await litellm.acompletion(
+            model=self.model,
+            api_base=self.api_base,
+            api_key=self._api_key or "none",
+            messages=messages,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            timeout=self.timeout_s,
+        )
+        text = response.choices[0].message.content or ""
+        usage = getattr(response, "usage", None)
+        return PolicyCompletion(
+            text=text,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            latency_s=time.perf_counter() - start,
+        )

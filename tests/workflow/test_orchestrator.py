@@ -1,0 +1,126 @@
+"""Orchestration with a scripted Conductor and an in-memory pool: retries, recursion, budgets."""
+
+from __future__ import annotations
+
+import pytest
+
+from conductor_pipeline.workers.types import Usage, WorkerReply
+from conductor_pipeline.workflow import (
+    Budget,
+    OrchestrationConfig,
+    PolicyCompletion,
+    orchestrate,
+)
+
+WORKERS = ["solves arithmetic", "checks answers"]
+
+
+class ScriptedPolicy:
+    """Returns the given completions in order and remembers what it was asked."""
+
+    name = "scripted"
+
+    def __init__(self, *texts: str):
+        self.texts = list(texts)
+        self.calls: list[tuple[list[dict], int]] = []
+
+    async def complete(self, messages, *, temperature, max_tokens, seed):
+        self.calls.append((messages, seed))
+        return PolicyCompletion(
+            self.texts.pop(0), prompt_tokens=100, completion_tokens=20, latency_s=0.0
+        )
+
+
+class EchoPool:
+    """Worker i answers ``w<i>:<n>`` where n counts its calls; costs 1 cent and 10 tokens."""
+
+    def __init__(self):
+        self.calls = 0
+
+    async def __call__(self, worker, messages, sample_index=0):
+        self.calls += 1
+        return WorkerReply(
+            worker=f"w{worker}",
+            text=f"w{worker}:{self.calls}",
+            usage=Usage(prompt_tokens=6, completion_tokens=4, cost_usd=0.01),
+        )
+
+
+def lists(ids, subtasks, access) -> str:
+    return f"Thinking it over.\nmodel_id = {ids}\nsubtasks = {subtasks}\naccess_list = {access}"
+
+
+GOOD = lists([0, 1], ["compute 2+2", "check it"], [[], ["all"]])
+
+
+async def test_answer_is_last_step_and_record_follows_the_contract():
+    result = await orchestrate(
+        "2+2?", ScriptedPolicy(GOOD), EchoPool(), WORKERS, worker_names=["a", "b"]
+    )
+    assert result.answer == "w1:2"
+    assert not result.format_failure
+    record = result.to_dict()
+    assert {"answer", "workflow", "cost_usd", "tokens", "latency_s"} <= set(record)
+    assert [step["worker_name"] for step in record["workflow"]] == ["a", "b"]
+    assert record["workflow"][1]["access"] == [0]
+    assert record["cost_usd"] == pytest.approx(0.02)
+    assert record["tokens"] == 20
+
+
+async def test_parse_failures_resample_with_fresh_seeds_then_succeed():
+    policy = ScriptedPolicy(
+        "no lists here", "model_id = [7]\nsubtasks = ['x']\naccess_list = [[]]", GOOD
+    )
+    result = await orchestrate("q", policy, EchoPool(), WORKERS)
+    assert result.answer == "w1:2"
+    assert [c.parse_error is not None for c in result.conductor_calls] == [True, True, False]
+    assert (
+        "out of range" in result.conductor_calls[1].parse_error
+        or "worker" in result.conductor_calls[1].parse_error
+    )
+    assert len({seed for _, seed in policy.calls}) == 3
+
+
+async def test_parse_retry_exhaustion_is_a_format_failure_and_calls_no_worker():
+    pool = EchoPool()
+    config = OrchestrationConfig(max_parse_attempts=3)
+    result = await orchestrate(
+        "q", ScriptedPolicy("bad", "worse", "[[["), pool, WORKERS, config=config
+    )
+    assert result.format_failure
+    assert result.answer == ""
+    assert len(result.conductor_calls) == 3
+    assert pool.calls == 0
+    assert "3 attempts" in result.rounds[0].note
+
+
+async def test_recursion_with_empty_workflow_keeps_the_first_answer():
+    policy = ScriptedPolicy(GOOD, lists([], [], []))
+    result = await orchestrate(
+        "q", policy, EchoPool(), WORKERS, config=OrchestrationConfig(max_rounds=1)
+    )
+    assert result.answer == "w1:2"
+    assert result.rounds[-1].kept_previous
+    # the recursion prompt shows the Conductor its earlier plan and the answer it produced
+    recursion_prompt = " ".join(m["content"] for m in policy.calls[1][0])
+    assert "w1:2" in recursion_prompt and "check it" in recursion_prompt
+
+
+async def test_recursion_with_new_workflow_replaces_the_answer_within_the_remaining_budget():
+    pool = EchoPool()
+    policy = ScriptedPolicy(GOOD, lists([0, 0], ["redo", "redo again"], [[], []]))
+    config = OrchestrationConfig(
+        max_rounds=1, budget=Budget(max_steps=3, max_tokens=None, max_cost_usd=None)
+    )
+    result = await orchestrate("q", policy, pool, WORKERS, config=config)
+    assert pool.calls == 3  # two in round 0, one left for round 1
+    assert result.rounds[1].execution.stopped_by == "max_steps"
+    assert result.answer == "w0:3"
+
+
+async def test_empty_workflow_is_refused_in_the_first_round():
+    config = OrchestrationConfig(max_parse_attempts=1)
+    result = await orchestrate(
+        "q", ScriptedPolicy(lists([], [], [])), EchoPool(), WORKERS, config=config
+    )
+    assert result.format_failure
