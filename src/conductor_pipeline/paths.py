@@ -1,0 +1,59 @@
+"""Where the project lives, so that every entry point hits the same data and MLflow store.
+
+Kedro runs from the project root, notebooks from ``notebooks/``, tests from a temporary
+copy; a path relative to the working directory would give each its own ``mlruns/``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from functools import cache
+from pathlib import Path
+
+_PACKAGE = "conductor_pipeline"
+
+
+def _is_project_root(candidate: Path) -> bool:
+    pyproject = candidate / "pyproject.toml"
+    if not pyproject.is_file():
+        return False
+    try:
+        kedro_table = tomllib.loads(pyproject.read_text()).get("tool", {}).get("kedro", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return kedro_table.get("package_name") == _PACKAGE
+
+
+def find_project_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above ``start`` (default: the working directory)
+    that holds this project's ``pyproject.toml``; ``CONDUCTOR_PROJECT_ROOT`` wins when set.
+    Falls back to the checkout this package was installed from (editable installs)."""
+    override = os.environ.get("CONDUCTOR_PROJECT_ROOT")
+    if override:
+        return Path(override).resolve()
+    for origin in (start or Path.cwd(), Path(__file__)):
+        origin = origin.resolve()
+        for candidate in (origin, *origin.parents):
+            if _is_project_root(candidate):
+                return candidate
+    raise RuntimeError(
+        "Cannot find the conductor-pipeline project root (a pyproject.toml with "
+        "[tool.kedro] package_name = 'conductor_pipeline'); run from inside the project "
+        "or set CONDUCTOR_PROJECT_ROOT."
+    )
+
+
+@cache
+def _root_for(cwd: str) -> Path:
+    return find_project_root(Path(cwd))
+
+
+def project_root() -> Path:
+    """``find_project_root()`` for the current working directory, memoised per directory."""
+    return _root_for(os.getcwd())
+
+
+def mlflow_tracking_uri(root: Path | None = None) -> str:
+    """The absolute SQLite URI of the project's tracking and registry store."""
+    return f"sqlite:///{(root or project_root()) / 'mlruns' / 'mlflow.db'}"
