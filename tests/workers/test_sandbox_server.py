@@ -1,0 +1,176 @@
+"""Integration tests: the sandbox server as a real subprocess, reached over HTTP.
+
+One server (with SmolLM2 loaded) serves the whole module; every worker is called through the
+official ``openai`` client and through ``litellm``, as the pool will call it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conductor_pipeline.tasks.types import Task
+from conductor_pipeline.workers.sandbox import SandboxServer, SandboxStartError, load_profiles
+from conductor_pipeline.workers.sandbox.profiles import default_profiles_path
+
+QUESTION = (
+    "A gardener plants 12 rows of 9 tulips and 4 rows of 15 daffodils. How many flowers "
+    "does the gardener plant in total?"
+)
+
+TASKS = [
+    Task(
+        id="srv-num",
+        domain="math",
+        difficulty="easy",
+        question=QUESTION,
+        answer="168",
+        answer_format="number",
+        verifier="numeric",
+        source="hand",
+    ),
+    Task(
+        id="srv-mc",
+        domain="logic",
+        difficulty="medium",
+        question=(
+            "If all bloops are razzies and all razzies are lazzies, which statement must be "
+            "true? (A) all lazzies are bloops (B) all bloops are lazzies (C) no bloop is a "
+            "lazzie (D) some razzies are not bloops"
+        ),
+        answer="B",
+        answer_format="letter",
+        verifier="multiple_choice",
+        source="hand",
+    ),
+]
+
+PROFILES = load_profiles(default_profiles_path())
+MESSAGES = [{"role": "user", "content": f"Solve this carefully. {QUESTION}"}]
+# small, so that the real worker's share of each test stays short on a busy 2-core machine
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sandbox")
+    tasks_file = folder / "tasks.jsonl"
+    tasks_file.write_text("".join(json.dumps(t.to_record()) + "\n" for t in TASKS))
+    started = time.perf_counter()
+    server = SandboxServer(tasks_paths=[tasks_file], latency_scale=0.0, seed=7)
+    with server:
+        server.startup_s = time.perf_counter() - started
+        yield server
+    assert not server.running
+
+
+def test_health_and_models(sandbox):
+    assert sandbox.base_url == f"http://127.0.0.1:{sandbox.port}/v1"
+    health = httpx.get(f"{sandbox.url}/health", timeout=5)
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok" and health.json()["real_model_loaded"] is True
+    models = httpx.get(f"{sandbox.base_url}/models", timeout=5).json()
+    owners = {m["id"]: m["owned_by"] for m in models["data"]}
+    assert set(owners) == set(PROFILES.names)
+    assert all(owners[p.name] == "sandbox-simulated" for p in PROFILES.simulated)
+    assert [e["api_base"] for e in sandbox.pool_config()] == [sandbox.base_url] * len(owners)
+
+
+def test_every_worker_through_the_openai_client(sandbox):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=sandbox.base_url, api_key="sandbox", max_retries=0)
+    for name in PROFILES.names:
+        reply = client.chat.completions.create(
+            model=name, messages=MESSAGES, temperature=0.3, seed=1, max_tokens=MAX_TOKENS
+        )
+        text = reply.choices[0].message.content
+        assert text and text.strip(), name
+        assert reply.model == name
+        assert reply.usage.prompt_tokens > 0 and 0 < reply.usage.completion_tokens <= MAX_TOKENS
+        assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_every_worker_through_litellm(sandbox):
+    litellm = pytest.importorskip("litellm")
+    for name in PROFILES.names:
+        reply = await litellm.acompletion(
+            model=f"openai/{name}",
+            api_base=sandbox.base_url,
+            api_key="sandbox",
+            messages=MESSAGES,
+            temperature=0.2,
+            seed=3,
+            max_tokens=MAX_TOKENS,
+            num_retries=0,
+        )
+        assert reply.choices[0].message.content.strip(), name
+        assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_simulated_replies_are_deterministic_over_http(sandbox):
+    body = {"model": "sim-sage", "messages": MESSAGES, "seed": 42, "temperature": 0.7}
+    first = httpx.post(f"{sandbox.base_url}/chat/completions", json=body, timeout=10).json()
+    second = httpx.post(f"{sandbox.base_url}/chat/completions", json=body, timeout=10).json()
+    assert first["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]
+    assert first["id"] != second["id"]
+
+
+def test_real_worker_generates_text(sandbox):
+    body = {
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": "Name three colours."}],
+        "temperature": 0,
+        "max_tokens": 24,
+    }
+    started = time.perf_counter()
+    response = httpx.post(f"{sandbox.base_url}/chat/completions", json=body, timeout=120)
+    elapsed = time.perf_counter() - started
+    assert response.status_code == 200
+    data = response.json()
+    assert data["choices"][0]["message"]["content"].strip()
+    assert 0 < data["usage"]["completion_tokens"] <= 24
+    assert elapsed < 90
+    again = httpx.post(f"{sandbox.base_url}/chat/completions", json=body, timeout=120).json()
+    assert again["choices"][0]["message"]["content"] == data["choices"][0]["message"]["content"]
+
+
+def test_errors_over_http(sandbox):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=sandbox.base_url, api_key="sandbox", max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-imaginary", messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError, match="streaming is not supported"):
+        client.chat.completions.create(model="sim-sprout", messages=MESSAGES, stream=True)
+    raw = httpx.post(f"{sandbox.base_url}/chat/completions", json={"model": "sim-sage"}, timeout=5)
+    assert raw.status_code == 400 and "messages" in raw.json()["error"]["message"]
+
+
+def test_start_failure_shows_the_server_output(tmp_path: Path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("simulated:\n  - name: sim-x\n    colour: blue\n")
+    server = SandboxServer(profiles_path=bad, load_real_model=False, startup_timeout_s=60)
+    with pytest.raises(SandboxStartError, match="exited with code") as caught:
+        server.start()
+    assert not server.running
+    assert "simulated[0].colour" in str(caught.value)
+
+
+def test_inline_tasks_and_shutdown(tmp_path: Path):
+    with SandboxServer(tasks=TASKS, load_real_model=False, latency_scale=0.0) as server:
+        url = server.url
+        assert httpx.get(f"{url}/health", timeout=5).json()["tasks"] == len(TASKS)
+    assert not server.running
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=2)
+
+
+def test_start_timeout_names_the_status_and_stops_the_server():
+    server = SandboxServer(startup_timeout_s=1.5)  # the real model cannot load that fast
+    with pytest.raises(SandboxStartError, match=r"not healthy after 2 s \(last status: loading\)"):
+        server.start()
+    assert not server.running
+    assert "no tasks loaded" in server.last_log
