@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -71,6 +73,9 @@ def project_copy(tmp_path, monkeypatch) -> Path:
     shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
     (root / "conf" / "local").mkdir()
     (root / "notebooks").mkdir()
+    (
+        root / "src"
+    ).mkdir()  # Kedro checks that a source folder exists; the package itself is installed
     small = {
         "data_prep": {
             "seed": 3,
@@ -123,22 +128,30 @@ def test_data_prep_runs_for_real_and_records_split_statistics_in_mlflow(project_
     with sqlite3.connect(db) as conn:
         metrics = dict(conn.execute("SELECT key, value FROM metrics").fetchall())
         artifact_uri = conn.execute("SELECT artifact_uri FROM runs").fetchone()[0]
-    assert metrics["split.test.n"] == len(splits["test"])
-    assert metrics["split.train.domain.math"] == (splits["train"]["domain"] == "math").sum()
+    assert metrics["data_prep_metrics.split.test.n"] == len(splits["test"])
+    assert (
+        metrics["data_prep_metrics.split.train.domain.math"]
+        == (splits["train"]["domain"] == "math").sum()
+    )
     assert str(project_copy / "mlruns") in artifact_uri
     artifacts = list((project_copy / "mlruns").rglob("split_statistics.json"))
     assert artifacts, "split statistics were not logged as an artifact"
 
-    # a session opened from notebooks/ reaches the same store, not a second one
-    from conductor_pipeline.paths import mlflow_tracking_uri
-
-    (project_copy / "notebooks").mkdir(exist_ok=True)
-    import os
-
-    os.chdir(project_copy / "notebooks")
-    assert mlflow_tracking_uri() == f"sqlite:///{db}"
-    _run(project_copy)
-    assert not (project_copy / "notebooks" / "mlruns").exists()
-    assert not (project_copy / "notebooks" / "mlflow.db").exists()
+    # a separate process started in notebooks/ (as a notebook kernel is) reaches the same store
+    notebooks = project_copy / "notebooks"
+    probe = "from conductor_pipeline.paths import mlflow_tracking_uri; print(mlflow_tracking_uri())"
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=notebooks, capture_output=True, text=True, check=True
+    )
+    assert found.stdout.strip() == f"sqlite:///{db}"
+    subprocess.run(
+        [sys.executable, "-m", "kedro", "run", "--pipelines", "data_prep"],
+        cwd=notebooks,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert not (notebooks / "mlruns").exists()
+    assert not (notebooks / "mlflow.db").exists()
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 2

@@ -171,8 +171,14 @@ def generate_chat(
     chat = [
         {"role": m.get("role", "user"), "content": str(m.get("content") or "")} for m in messages
     ]
+    # a final assistant turn is a prefill: continue it instead of opening a new turn
+    prefilled = bool(chat) and chat[-1]["role"] == "assistant"
     encoded = tokenizer.apply_chat_template(
-        chat, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        chat,
+        add_generation_prompt=not prefilled,
+        continue_final_message=prefilled,
+        return_tensors="pt",
+        return_dict=True,
     )
     input_ids = encoded["input_ids"]
     attention_mask = encoded.get("attention_mask")
@@ -193,7 +199,8 @@ def generate_chat(
             **sampling,
         )
     new_tokens = output[0, prompt_tokens:]
-    text = tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
+    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    text = text.rstrip() if prefilled else text.strip()
     return text, prompt_tokens, int(new_tokens.shape[-1])
 
 

@@ -189,7 +189,11 @@ class WorkerPool:
         model_list = []
         retry_policies = {}
         for spec in self._specs:
-            params: dict[str, Any] = {"model": spec.model, "timeout": spec.timeout_s}
+            params: dict[str, Any] = {
+                "model": spec.model,
+                "timeout": spec.timeout_s,
+                "drop_params": True,
+            }
             if spec.api_base:
                 params["api_base"] = spec.api_base
             if spec.api_key:
@@ -290,6 +294,10 @@ class WorkerPool:
         if reserved:
             raise ValueError(f"cannot override {reserved[0]!r} per call")
         params = {**spec.sampling_params, **overrides}
+        if sample_index and "seed" not in params:
+            # repeated samples of one request must differ: providers that honour a seed (vLLM,
+            # OpenAI, the sandbox) vary through it; litellm drops it for those that do not
+            params["seed"] = sample_index
         started = time.perf_counter()
 
         key = None

@@ -154,10 +154,12 @@ async def _sample_workflow(
         completion = await policy.complete(
             messages, temperature=config.temperature, max_tokens=config.max_tokens, seed=seed
         )
+        # the policy continues the prefill (if any); the workflow is read from both together
+        text = config.prompt.assistant_prefill + completion.text
         call = ConductorCall(
             round_index,
             attempt,
-            completion.text,
+            text,
             completion.prompt_tokens,
             completion.completion_tokens,
             completion.latency_s,
@@ -165,7 +167,7 @@ async def _sample_workflow(
         calls.append(call)
         try:
             return parse_workflow(
-                completion.text, n_workers, limits=config.limits, allow_empty=round_index > 0
+                text, n_workers, limits=config.limits, allow_empty=round_index > 0
             )
         except WorkflowParseError as err:
             call.parse_error = str(err)

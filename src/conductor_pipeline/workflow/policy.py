@@ -126,6 +126,10 @@ class EndpointPolicy:
         import litellm
 
         start = time.perf_counter()
+        extra: dict[str, Any] = {}
+        if messages and messages[-1]["role"] == "assistant":
+            # vLLM continues a prefilled assistant turn only when told to
+            extra["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
         response = await litellm.acompletion(
             model=self.model,
             api_base=self.api_base,
@@ -135,6 +139,7 @@ class EndpointPolicy:
             max_tokens=max_tokens,
             seed=seed,
             timeout=self.timeout_s,
+            **extra,
         )
         text = response.choices[0].message.content or ""
         usage = getattr(response, "usage", None)

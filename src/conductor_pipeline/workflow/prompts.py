@@ -130,6 +130,9 @@ class PromptConfig:
     - ``worker_descriptions``: default pool descriptions, used when a call passes ``None``.
     - ``positional_access``: mention position lists (``[0, 2]``) besides ``"all"``/``[]``.
     - ``max_answer_chars``: previous answers shown in a recursion round are cropped to this.
+    - ``assistant_prefill``: text that opens the Conductor's reply (the paper prefills the
+      start of its reasoning); the policy continues it, and the parser reads prefill plus
+      continuation. Empty: no prefill.
     """
 
     few_shot: list[Any] = field(default_factory=lambda: list(DEFAULT_FEW_SHOT))
@@ -138,6 +141,7 @@ class PromptConfig:
     worker_descriptions: list[str] | None = None
     positional_access: bool = True
     max_answer_chars: int = 2000
+    assistant_prefill: str = ""
 
     def __post_init__(self) -> None:
         self.few_shot = [FewShotExample.coerce(x) for x in self.few_shot]
@@ -213,6 +217,18 @@ def conductor_messages(
     and, last, the question.
     """
     config = config or PromptConfig()
+    return _with_prefill(_planning_request(question, worker_descriptions, config), config)
+
+
+def _with_prefill(messages: list[dict[str, str]], config: PromptConfig) -> list[dict[str, str]]:
+    if not config.assistant_prefill:
+        return messages
+    return [*messages, {"role": "assistant", "content": config.assistant_prefill}]
+
+
+def _planning_request(
+    question: str, worker_descriptions: Sequence[str] | None, config: PromptConfig
+) -> list[dict[str, str]]:
     descriptions = _descriptions(worker_descriptions, config)
     parts = [_rules(config), _workers_block(descriptions)]
     parts += [
@@ -296,8 +312,9 @@ def recursion_messages(
         "If it should stand, reply with three empty lists:\n"
         "model_id = []\nsubtasks = []\naccess_list = []"
     )
-    return [
-        *conductor_messages(question, worker_descriptions, config),
+    messages = [
+        *_planning_request(question, worker_descriptions, config),
         {"role": "assistant", "content": previous_text},
         {"role": "user", "content": follow_up},
     ]
+    return _with_prefill(messages, config)

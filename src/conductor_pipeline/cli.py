@@ -1,0 +1,193 @@
+"""The ``conductor`` command: ask the Conductor a question, or run the sandbox worker server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+for _name, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "KEDRO_DISABLE_TELEMETRY": "true",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    # offline unless the user deliberately set otherwise
+    os.environ.setdefault(_name, _value)
+
+
+def _print_step(step: dict[str, Any]) -> None:
+    access = ",".join(str(i) for i in step["access"]) or "-"
+    status = step.get("failure") or step.get("skipped_reason") or "ok"
+    print(
+        f"  step {step['index']}  worker {step['worker']} ({step.get('worker_name')})  sees [{access}]  {status}"
+    )
+    print(f"    subtask: {step['subtask'][:300]}")
+    if step.get("response"):
+        print(f"    answer:  {step['response'].strip()[:300]}")
+    print(
+        f"    tokens {step['prompt_tokens'] + step['completion_tokens']}  cost ${step['cost_usd']:.6f}  "
+        f"latency {step['latency_s']:.2f}s{'  (cached)' if step.get('cache_hit') else ''}"
+    )
+
+
+def _pick_sample_question(root, seed: int) -> str:
+    import random
+
+    import pandas as pd
+
+    path = root / "data" / "05_model_input" / "test_tasks.parquet"
+    if not path.is_file():
+        raise SystemExit(f"--sample needs the prepared test split ({path}); run `make run` first.")
+    questions = pd.read_parquet(path, columns=["question"])["question"].tolist()
+    return random.Random(seed).choice(questions)
+
+
+def _resolve_adapter(reference: str | None, explicit: bool) -> str | None:
+    """A local adapter folder for a path or a registry reference (``models:/conductor@champion``)."""
+    if not reference:
+        return None
+    if reference.startswith("models:/"):
+        from conductor_pipeline.registry import resolve_adapter
+
+        return resolve_adapter(reference, required=explicit)
+    return reference
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from conductor_pipeline.project import load_project_config
+    from conductor_pipeline.workers.runtime import open_worker_pool
+    from conductor_pipeline.workflow import orchestrate
+    from conductor_pipeline.workflow.config import build_policy, orchestration_config
+
+    config = load_project_config(args.env)
+    params = dict(config.parameters["conductor"])
+    orchestration = orchestration_config(params)
+    if args.max_rounds is not None:
+        orchestration.max_rounds = args.max_rounds
+    adapter = _resolve_adapter(
+        args.adapter or params.get("policy", {}).get("adapter"), explicit=bool(args.adapter)
+    )
+    policy = build_policy(params.get("policy") or {}, adapter_dir=adapter)
+    question = _pick_sample_question(config.root, args.seed) if args.sample else args.question
+    if not question:
+        raise SystemExit("give a QUESTION or --sample")
+    if not args.json:
+        print(f"Conductor: {policy.name}\nQuestion: {question}\n")
+
+    with open_worker_pool(config.worker_pool, config.credentials, root=config.root) as pool:
+        result = asyncio.run(
+            orchestrate(
+                question,
+                policy,
+                pool,
+                pool.descriptions,
+                worker_names=pool.names,
+                config=orchestration,
+            )
+        )
+    record = result.to_dict()
+    if args.json:
+        print(json.dumps(record, indent=2, default=str))
+        return 0 if not result.format_failure else 2
+    for call in record["conductor_calls"]:
+        if call["parse_error"]:
+            print(
+                f"(Conductor output {call['round']}.{call['attempt']} did not parse: {call['parse_error']})"
+            )
+    for round_record in record["rounds"]:
+        print(f"Round {round_record['round']}: {round_record['note'] or ''}")
+        if round_record["execution"]:
+            for step in round_record["execution"]["steps"]:
+                _print_step(step)
+    if result.format_failure:
+        print("\nThe Conductor produced no valid workflow; no answer.")
+        return 2
+    print(f"\nAnswer: {result.answer.strip()}")
+    print(
+        f"Total: {record['worker_calls']} worker calls, {record['tokens']} worker tokens, "
+        f"${record['cost_usd']:.6f}, {record['latency_s']:.2f}s"
+    )
+    return 0
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from conductor_pipeline.project import load_project_config
+    from conductor_pipeline.workers.sandbox import serve
+
+    config = load_project_config(args.env)
+    sandbox = config.worker_pool.get("sandbox") or {}
+    tasks = [config.root / path for path in sandbox.get("tasks", [])]
+    missing = [str(path) for path in tasks if not path.is_file()]
+    if missing:
+        raise SystemExit(f"sandbox tasks not found: {missing}; run `make run` first")
+    serve(
+        host=args.host,
+        port=args.port,
+        tasks_paths=tasks,
+        profiles_path=config.root / sandbox.get("profiles", "conf/base/sandbox_workers.yml"),
+        seed=int(sandbox.get("seed", 0)),
+        latency_scale=float(
+            sandbox.get("latency_scale", 1.0) if args.latency_scale is None else args.latency_scale
+        ),
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conductor", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    ask = commands.add_parser(
+        "ask", help="orchestrate one question with the configured Conductor and pool"
+    )
+    ask.add_argument("question", nargs="?", help="the question (or use --sample)")
+    ask.add_argument(
+        "--sample", action="store_true", help="take a question from the prepared test split"
+    )
+    ask.add_argument("--seed", type=int, default=0, help="which sample question (with --sample)")
+    ask.add_argument("--json", action="store_true", help="print the full record as JSON")
+    ask.add_argument(
+        "--env", default=None, help="configuration environment, e.g. gpu (default: local over base)"
+    )
+    ask.add_argument("--max-rounds", type=int, default=None, help="extra recursion rounds")
+    ask.add_argument(
+        "--adapter", default=None, help="LoRA folder or models:/conductor@<alias|version>"
+    )
+    ask.set_defaults(handler=cmd_ask)
+
+    sandbox = commands.add_parser("sandbox", help="run the sandbox worker server in the foreground")
+    sandbox.add_argument("--host", default="127.0.0.1")
+    sandbox.add_argument("--port", type=int, default=8600)
+    sandbox.add_argument("--env", default=None)
+    sandbox.add_argument("--latency-scale", type=float, default=None)
+    sandbox.set_defaults(handler=cmd_sandbox)
+    return parser
+
+
+@click.group(name="conductor_pipeline")
+def cli() -> None:
+    """Kedro loads ``<package>/cli.py`` as a project CLI extension and needs this group;
+    the project adds no ``kedro`` sub-commands (its own command is ``conductor``)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The project's configuration outside a Kedro session (CLI, servers, notebooks).
+
+Reads ``conf/`` with the same loader settings as ``kedro run``, so ``conductor ask --env gpu``
+sees exactly what ``kedro run --env gpu`` sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conductor_pipeline.paths import project_root
+
+
+@dataclass
+class ProjectConfig:
+    root: Path
+    env: str
+    parameters: dict[str, Any]
+    worker_pool: dict[str, Any]
+    credentials: dict[str, Any]
+
+    def __repr__(self) -> str:  # credentials stay out of reprs and logs
+        return f"ProjectConfig(root={self.root!s}, env={self.env!r}, parameters={sorted(self.parameters)})"
+
+
+def load_project_config(env: str | None = None, root: Path | None = None) -> ProjectConfig:
+    from kedro.config import MissingConfigException, OmegaConfigLoader
+
+    from conductor_pipeline.settings import CONFIG_LOADER_ARGS
+
+    root = root or project_root()
+    args = dict(CONFIG_LOADER_ARGS)
+    env = env or args["default_run_env"]
+    loader = OmegaConfigLoader(conf_source=str(root / "conf"), env=env, **args)
+    try:
+        credentials = dict(loader["credentials"])
+    except MissingConfigException:
+        credentials = {}
+    try:
+        workers = dict(loader["workers"])
+    except MissingConfigException as err:
+        raise FileNotFoundError(f"no workers.yml in {root / 'conf'} for env {env!r}") from err
+    if "worker_pool" not in workers:
+        raise ValueError("workers.yml: the top-level key must be 'worker_pool'")
+    return ProjectConfig(
+        root, env, dict(loader["parameters"]), dict(workers["worker_pool"]), credentials
+    )

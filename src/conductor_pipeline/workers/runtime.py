@@ -1,0 +1,184 @@
+"""From configuration to a live pool: ``open_worker_pool`` starts the sandbox server when the
+configured pool is the sandbox, builds the litellm pool with its cache, and cleans up after.
+
+The ``worker_pool`` configuration (``conf/*/workers.yml``)::
+
+    worker_pool:
+      kind: sandbox                 # sandbox: local server of sim-* workers + SmolLM2
+                                    # configured: the entries under `workers`
+      cache: {path: data/03_primary/response_cache.sqlite, mode: read_write}
+      usage_log: null               # a JSONL path to append every call's usage to
+      sandbox:
+        profiles: conf/base/sandbox_workers.yml
+        workers: null               # a subset of profile names, in pool order (null: all)
+        seed: 0
+        latency_scale: 0.02         # fraction of the profiles' simulated latency slept
+        load_real_model: true
+        tasks: [data/05_model_input/train_tasks.parquet, ...]
+      workers: []                   # kind: configured (see conductor_pipeline.workers.config)
+
+Relative paths are resolved against the project root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from conductor_pipeline.workers.cache import ResponseCache
+from conductor_pipeline.workers.faults import FaultInjector, ProviderFaults
+from conductor_pipeline.workers.pool import WorkerPool
+
+_POOL_KEYS = {"kind", "cache", "usage_log", "sandbox", "workers", "defaults"}
+_SANDBOX_KEYS = {
+    "profiles",
+    "workers",
+    "seed",
+    "latency_scale",
+    "load_real_model",
+    "tasks",
+    "torch_threads",
+}
+_CACHE_MODES = ("read_write", "read_only", "off")
+
+
+def _check(config: Mapping[str, Any]) -> None:
+    unknown = set(config) - _POOL_KEYS
+    if unknown:
+        raise ValueError(
+            f"worker_pool: unknown key(s) {sorted(unknown)}; expected {sorted(_POOL_KEYS)}"
+        )
+    kind = config.get("kind")
+    if kind not in ("sandbox", "configured"):
+        raise ValueError(f"worker_pool.kind: must be 'sandbox' or 'configured', got {kind!r}")
+    cache = config.get("cache") or {}
+    if cache.get("mode", "read_write") not in _CACHE_MODES:
+        raise ValueError(
+            f"worker_pool.cache.mode: must be one of {_CACHE_MODES}, got {cache.get('mode')!r}"
+        )
+    if kind == "sandbox":
+        unknown = set(config.get("sandbox") or {}) - _SANDBOX_KEYS
+        if unknown:
+            raise ValueError(
+                f"worker_pool.sandbox: unknown key(s) {sorted(unknown)}; expected {sorted(_SANDBOX_KEYS)}"
+            )
+    elif not config.get("workers"):
+        raise ValueError("worker_pool.workers: a configured pool needs at least one worker entry")
+
+
+def _resolve(root: Path, path: str | Path) -> Path:
+    path = Path(path)
+    return path if path.is_absolute() else root / path
+
+
+def _select(entries: list[dict[str, Any]], names: Sequence[str] | None) -> list[dict[str, Any]]:
+    if not names:
+        return entries
+    by_name = {entry["name"]: entry for entry in entries}
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        raise ValueError(
+            f"worker_pool.sandbox.workers: no sandbox profile named {missing}; known: {sorted(by_name)}"
+        )
+    return [by_name[name] for name in names]
+
+
+@contextlib.contextmanager
+def open_worker_pool(
+    config: Mapping[str, Any],
+    credentials: Mapping[str, Any] | None = None,
+    *,
+    root: Path,
+    cache_mode: str | None = None,
+    fault_rates: Mapping[str, float] | None = None,
+    provider_fault_rates: Mapping[str, float] | None = None,
+    fault_seed: int = 0,
+) -> Iterator[WorkerPool]:
+    """Yield a ready ``WorkerPool`` for ``config``; stop what was started on exit.
+
+    ``cache_mode`` overrides the configured cache mode (e.g. ``"off"`` for a benchmark).
+    ``fault_rates`` wraps every call in a :class:`FaultInjector` (above the router, no call is
+    made for an injected fault); ``provider_fault_rates`` injects faults below the router, so
+    retries and fallbacks really happen. Both exist for tests and the reliability benchmark.
+    """
+    _check(config)
+    cache_config = dict(config.get("cache") or {})
+    mode = cache_mode or cache_config.get("mode", "read_write")
+    cache = None
+    if mode != "off" and cache_config.get("path"):
+        cache_path = _resolve(root, cache_config["path"])
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        cache = ResponseCache(cache_path, mode=mode)
+    usage_log = _resolve(root, config["usage_log"]) if config.get("usage_log") else None
+    provider_faults = (
+        ProviderFaults(provider_fault_rates, seed=fault_seed) if provider_fault_rates else None
+    )
+
+    with contextlib.ExitStack() as stack:
+        if cache is not None:
+            stack.callback(cache.close)
+        if config["kind"] == "sandbox":
+            entries = _sandbox_entries(config.get("sandbox") or {}, root, stack)
+            pool_config: Any = {"workers": entries, "defaults": config.get("defaults") or {}}
+        else:
+            pool_config = {
+                "workers": list(config["workers"]),
+                "defaults": config.get("defaults") or {},
+            }
+        pool = WorkerPool.from_config(
+            pool_config,
+            credentials,
+            cache=cache,
+            usage_log_path=usage_log,
+            provider_faults=provider_faults,
+        )
+        stack.callback(lambda: asyncio.run(pool.aclose()))
+        if fault_rates:
+            yield _FaultyPool(pool, FaultInjector(pool, dict(fault_rates), seed=fault_seed))
+        else:
+            yield pool
+
+
+def _sandbox_entries(
+    sandbox: Mapping[str, Any], root: Path, stack: contextlib.ExitStack
+) -> list[dict[str, Any]]:
+    from conductor_pipeline.workers.sandbox import SandboxServer
+
+    tasks = [_resolve(root, path) for path in sandbox.get("tasks") or []]
+    missing = [str(path) for path in tasks if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"worker_pool.sandbox.tasks: {missing} not found. The sandbox's simulated workers "
+            "recognise the prepared tasks; run `make run` (or `kedro run --pipelines data_prep`) first."
+        )
+    server = SandboxServer(
+        tasks_paths=tasks,
+        profiles_path=_resolve(root, sandbox["profiles"]) if sandbox.get("profiles") else None,
+        seed=int(sandbox.get("seed", 0)),
+        latency_scale=float(sandbox.get("latency_scale", 1.0)),
+        load_real_model=bool(sandbox.get("load_real_model", True)),
+        torch_threads=sandbox.get("torch_threads", 1),
+    )
+    stack.enter_context(server)
+    return _select(server.pool_config(), sandbox.get("workers"))
+
+
+class _FaultyPool:
+    """A pool whose calls pass through a fault injector; everything else is the pool's."""
+
+    def __init__(self, pool: WorkerPool, injector: FaultInjector):
+        self._pool, self.injector = pool, injector
+
+    async def __call__(self, worker, messages, sample_index: int = 0, **overrides):
+        return await self.injector(worker, messages, sample_index, **overrides)
+
+    call = __call__
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def __len__(self) -> int:
+        return len(self._pool)

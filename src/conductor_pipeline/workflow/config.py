@@ -1,0 +1,100 @@
+"""Build orchestration settings and the Conductor policy from the ``conductor`` parameters.
+
+The ``conductor`` mapping (``conf/*/parameters_conductor.yml``) is shared by ``conductor ask``,
+training, evaluation and serving, so all of them prompt and sample the Conductor alike::
+
+    conductor:
+      policy: {kind: local, model_dir: null, adapter: null}
+      sampling: {temperature: 0.7, max_tokens: 384, seed: 0}
+      max_parse_attempts: 5
+      max_rounds: 0
+      prompt: {question_to_workers: false, max_steps: 5, positional_access: true}
+      budget: {max_steps: 5, max_tokens: null, max_cost_usd: null}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from conductor_pipeline.workflow.executor import Budget
+from conductor_pipeline.workflow.orchestrator import OrchestrationConfig
+from conductor_pipeline.workflow.policy import ConductorPolicy, EndpointPolicy, LocalPolicy
+from conductor_pipeline.workflow.prompts import PromptConfig
+from conductor_pipeline.workflow.types import ParseLimits
+
+_TOP_KEYS = {"policy", "sampling", "max_parse_attempts", "max_rounds", "prompt", "budget"}
+_SECTION_KEYS = {
+    "policy": {"kind", "model_dir", "adapter", "model", "api_base", "api_key_env", "timeout_s"},
+    "sampling": {"temperature", "max_tokens", "seed"},
+    # every PromptConfig field except the descriptions, which come from the pool
+    "prompt": set(PromptConfig.__dataclass_fields__) - {"worker_descriptions"},
+    "budget": {"max_steps", "max_tokens", "max_cost_usd"},
+}
+
+
+def _section(params: Mapping[str, Any], name: str) -> dict[str, Any]:
+    section = params.get(name) or {}
+    if not isinstance(section, Mapping):
+        raise ValueError(f"conductor.{name}: must be a mapping")
+    unknown = set(section) - _SECTION_KEYS[name]
+    if unknown:
+        raise ValueError(
+            f"conductor.{name}: unknown key(s) {sorted(unknown)}; expected {sorted(_SECTION_KEYS[name])}"
+        )
+    return dict(section)
+
+
+def orchestration_config(params: Mapping[str, Any]) -> OrchestrationConfig:
+    """``OrchestrationConfig`` from the ``conductor`` mapping; errors name the bad key."""
+    unknown = set(params) - _TOP_KEYS
+    if unknown:
+        raise ValueError(
+            f"conductor: unknown key(s) {sorted(unknown)}; expected {sorted(_TOP_KEYS)}"
+        )
+    sampling, prompt, budget = (_section(params, name) for name in ("sampling", "prompt", "budget"))
+    _section(params, "policy")
+    if "few_shot" in prompt and prompt["few_shot"] in (None, "default"):
+        prompt.pop("few_shot")
+    max_steps = int(prompt.get("max_steps", 5))
+    try:
+        return OrchestrationConfig(
+            temperature=float(sampling.get("temperature", 0.7)),
+            max_tokens=int(sampling.get("max_tokens", 384)),
+            seed=int(sampling.get("seed", 0)),
+            max_parse_attempts=int(params.get("max_parse_attempts", 5)),
+            max_rounds=int(params.get("max_rounds", 0)),
+            prompt=PromptConfig(**prompt),
+            limits=ParseLimits(max_steps=max_steps),
+            budget=Budget(
+                max_steps=budget.get("max_steps"),
+                max_tokens=budget.get("max_tokens"),
+                max_cost_usd=budget.get("max_cost_usd"),
+            ),
+        )
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"conductor: {err}") from err
+
+
+def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -> ConductorPolicy:
+    """The Conductor model named by ``conductor.policy``.
+
+    ``adapter_dir`` is a resolved local LoRA folder (the caller resolves registry references
+    such as ``models:/conductor@champion``, which need MLflow).
+    """
+    kind = policy.get("kind", "local")
+    if kind == "local":
+        return LocalPolicy(model_dir=policy.get("model_dir"), adapter_dir=adapter_dir)
+    if kind == "endpoint":
+        for key in ("model", "api_base"):
+            if not policy.get(key):
+                raise ValueError(f"conductor.policy.{key}: required for an endpoint policy")
+        key_env = policy.get("api_key_env")
+        return EndpointPolicy(
+            model=policy["model"],
+            api_base=policy["api_base"],
+            api_key=os.environ.get(key_env) if key_env else None,
+            timeout_s=float(policy.get("timeout_s", 120)),
+        )
+    raise ValueError(f"conductor.policy.kind: must be 'local' or 'endpoint', got {kind!r}")

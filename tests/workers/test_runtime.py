@@ -1,0 +1,130 @@
+"""open_worker_pool: configuration errors, and a real sandbox server reached through the pool."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conductor_pipeline.tasks import Task
+from conductor_pipeline.workers.runtime import open_worker_pool
+
+REPO = Path(__file__).resolve().parents[2]
+
+TASKS = [
+    Task(
+        "t/add",
+        "math",
+        "easy",
+        "Compute the sum of 1234 and 4321 and give the number.",
+        "5555",
+        "number",
+        "numeric",
+        "unit",
+    ),
+    Task(
+        "t/syl",
+        "logic",
+        "easy",
+        "All cats are mammals and all mammals breathe air. Do cats breathe air? Answer Yes or No.",
+        "Yes",
+        "text",
+        "exact",
+        "unit",
+    ),
+]
+
+
+def sandbox_config(tasks_path: Path, **overrides) -> dict:
+    config = {
+        "kind": "sandbox",
+        "cache": {"path": "cache.sqlite", "mode": "read_write"},
+        "sandbox": {
+            "profiles": str(REPO / "conf/base/sandbox_workers.yml"),
+            "workers": ["sim-sage", "sim-abacus", "sim-sprout"],
+            "latency_scale": 0.0,
+            "load_real_model": False,
+            "tasks": [str(tasks_path)],
+        },
+    }
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture
+def tasks_path(tmp_path) -> Path:
+    path = tmp_path / "tasks.parquet"
+    pd.DataFrame([t.to_record() for t in TASKS]).to_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"kind": "magic"}, "worker_pool.kind"),
+        ({"kind": "sandbox", "sandbx": {}}, "worker_pool: unknown key"),
+        ({"kind": "sandbox", "cache": {"mode": "sometimes"}}, "worker_pool.cache.mode"),
+        ({"kind": "sandbox", "sandbox": {"latency": 1}}, "worker_pool.sandbox: unknown key"),
+        ({"kind": "configured", "workers": []}, "worker_pool.workers"),
+    ],
+)
+def test_malformed_pool_config_names_the_key(config, message, tmp_path):
+    with pytest.raises(ValueError, match=message), open_worker_pool(config, root=tmp_path):
+        pass
+
+
+def test_missing_task_files_say_to_prepare_data(tmp_path):
+    config = sandbox_config(tmp_path / "absent.parquet")
+    with (
+        pytest.raises(FileNotFoundError, match="make run"),
+        open_worker_pool(config, root=tmp_path),
+    ):
+        pass
+
+
+def test_unknown_sandbox_worker_is_named(tasks_path, tmp_path):
+    config = sandbox_config(tasks_path)
+    config["sandbox"]["workers"] = ["sim-sage", "sim-nobody"]
+    with pytest.raises(ValueError, match="sim-nobody"), open_worker_pool(config, root=tmp_path):
+        pass
+
+
+def test_sandbox_pool_answers_every_worker_through_litellm_and_caches(tasks_path, tmp_path):
+    messages = [{"role": "user", "content": TASKS[0].question}]
+
+    async def ask_all(pool):
+        return await asyncio.gather(*(pool(i, messages) for i in range(len(pool))))
+
+    with open_worker_pool(sandbox_config(tasks_path), root=tmp_path) as pool:
+        assert pool.names == ["sim-sage", "sim-abacus", "sim-sprout"]
+        assert all(pool.descriptions)
+        first = asyncio.run(ask_all(pool))
+        again = asyncio.run(ask_all(pool))
+        other_sample = asyncio.run(pool(0, messages, sample_index=1))
+    assert all(reply.ok and reply.text for reply in first)
+    assert all(reply.usage.prompt_tokens > 0 and reply.usage.cost_usd > 0 for reply in first)
+    assert [r.text for r in again] == [r.text for r in first]
+    assert all(r.usage.cache_hit for r in again)
+    assert not other_sample.usage.cache_hit
+    assert (tmp_path / "cache.sqlite").is_file()
+
+
+def test_injected_faults_are_typed_failures_not_answers(tasks_path, tmp_path):
+    messages = [{"role": "user", "content": TASKS[1].question}]
+
+    async def many(pool):
+        return await asyncio.gather(*(pool(i % 3, messages, sample_index=i) for i in range(60)))
+
+    with open_worker_pool(
+        sandbox_config(tasks_path, cache={"mode": "off"}),
+        root=tmp_path,
+        fault_rates={"timeout": 0.2, "empty_reply": 0.1},
+    ) as pool:
+        replies = asyncio.run(many(pool))
+        stats = pool.injector.stats
+    failures = [r for r in replies if not r.ok]
+    assert len(failures) == sum(stats["injected"].values()) > 0
+    assert {r.failure.value for r in failures} <= {"timeout", "empty_reply"}
+    assert all(r.text is None for r in failures)
