@@ -97,3 +97,15 @@ def test_ask_with_the_real_untrained_smollm2_conductor(project, capsys):
     assert code == (2 if record["format_failure"] else 0)
     assert len(record["conductor_calls"]) >= 1
     assert record["conductor_calls"][0]["completion_tokens"] > 0
+
+
+def test_ask_prints_the_workflow_as_it_runs(project, monkeypatch, capsys):
+    completion = f"1]\nsubtasks = ['{QUESTION}']\naccess_list = [[]]"
+    monkeypatch.setattr(
+        "conductor_pipeline.workflow.config.build_policy",
+        lambda *a, **k: ScriptedPolicy(completion),
+    )
+    assert cli.main(["ask", QUESTION]) == 0
+    out = capsys.readouterr().out
+    assert out.index("step 0: worker 1") < out.index("running on sim-abacus") < out.index("Answer:")
+    assert "Total: 1 worker calls" in out

@@ -24,19 +24,31 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 
 
-def _print_step(step: dict[str, Any]) -> None:
-    access = ",".join(str(i) for i in step["access"]) or "-"
-    status = step.get("failure") or step.get("skipped_reason") or "ok"
-    print(
-        f"  step {step['index']}  worker {step['worker']} ({step.get('worker_name')})  sees [{access}]  {status}"
-    )
-    print(f"    subtask: {step['subtask'][:300]}")
-    if step.get("response"):
-        print(f"    answer:  {step['response'].strip()[:300]}")
-    print(
-        f"    tokens {step['prompt_tokens'] + step['completion_tokens']}  cost ${step['cost_usd']:.6f}  "
-        f"latency {step['latency_s']:.2f}s{'  (cached)' if step.get('cache_hit') else ''}"
-    )
+def _print_event(kind: str, payload: Any) -> None:
+    """Progress of ``conductor ask``, printed as the workflow runs."""
+    if kind == "conductor_output":
+        if payload.parse_error:
+            print(
+                f"Conductor sample {payload.round}.{payload.attempt} did not parse: {payload.parse_error}"
+            )
+        else:
+            print(
+                f"Conductor wrote a workflow (round {payload.round}, {payload.completion_tokens} tokens):"
+            )
+    elif kind == "workflow":
+        for index, step in enumerate(payload.steps):
+            sees = ",".join(map(str, step.access)) or "-"
+            print(f"  step {index}: worker {step.worker}, sees [{sees}]: {step.subtask[:200]}")
+    elif kind == "step_started":
+        print(f"  … step {payload.index} running on {payload.worker_name or payload.worker}")
+    elif kind in ("step_finished", "step_skipped"):
+        status = payload.failure or payload.skipped_reason or "ok"
+        answer = (payload.response or "").strip().replace("\n", " ")
+        print(
+            f"  ✓ step {payload.index} [{status}] {payload.prompt_tokens + payload.completion_tokens} tokens, "
+            f"${payload.cost_usd:.6f}, {payload.latency_s:.2f}s{' (cached)' if payload.cache_hit else ''}"
+            + (f": {answer[:200]}" if answer else "")
+        )
 
 
 def _pick_sample_question(root, seed: int) -> str:
@@ -92,31 +104,21 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 pool.descriptions,
                 worker_names=pool.names,
                 config=orchestration,
+                on_event=None if args.json else _print_event,
             )
         )
     record = result.to_dict()
     if args.json:
         print(json.dumps(record, indent=2, default=str))
-        return 0 if not result.format_failure else 2
-    for call in record["conductor_calls"]:
-        if call["parse_error"]:
-            print(
-                f"(Conductor output {call['round']}.{call['attempt']} did not parse: {call['parse_error']})"
-            )
-    for round_record in record["rounds"]:
-        print(f"Round {round_record['round']}: {round_record['note'] or ''}")
-        if round_record["execution"]:
-            for step in round_record["execution"]["steps"]:
-                _print_step(step)
-    if result.format_failure:
+    elif result.format_failure:
         print("\nThe Conductor produced no valid workflow; no answer.")
-        return 2
-    print(f"\nAnswer: {result.answer.strip()}")
-    print(
-        f"Total: {record['worker_calls']} worker calls, {record['tokens']} worker tokens, "
-        f"${record['cost_usd']:.6f}, {record['latency_s']:.2f}s"
-    )
-    return 0
+    else:
+        print(f"\nAnswer: {result.answer.strip()}")
+        print(
+            f"Total: {record['worker_calls']} worker calls, {record['tokens']} worker tokens, "
+            f"${record['cost_usd']:.6f}, {record['latency_s']:.2f}s"
+        )
+    return 2 if result.format_failure else 0
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:

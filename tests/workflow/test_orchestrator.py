@@ -124,3 +124,28 @@ async def test_empty_workflow_is_refused_in_the_first_round():
         "q", ScriptedPolicy(lists([], [], [])), EchoPool(), WORKERS, config=config
     )
     assert result.format_failure
+
+
+async def test_events_report_progress_in_order():
+    events = []
+    policy = ScriptedPolicy("garbage", GOOD)
+    await orchestrate(
+        "q", policy, EchoPool(), WORKERS, on_event=lambda kind, payload: events.append(kind)
+    )
+    assert events == [
+        "conductor_output",
+        "conductor_output",
+        "workflow",
+        "step_started",
+        "step_finished",
+        "step_started",
+        "step_finished",
+    ]
+
+
+async def test_a_failing_observer_does_not_break_the_run():
+    def explode(kind, payload):
+        raise RuntimeError("observer bug")
+
+    result = await orchestrate("q", ScriptedPolicy(GOOD), EchoPool(), WORKERS, on_event=explode)
+    assert result.answer == "w1:2"

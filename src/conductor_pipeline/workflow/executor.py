@@ -18,14 +18,17 @@ dependants still run, seeing "(no response)" for the failed step.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conductor_pipeline.workers.types import FailureKind, WorkerCaller, WorkerReply
 from conductor_pipeline.workflow.prompts import PromptConfig, worker_messages
 from conductor_pipeline.workflow.types import Workflow
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Budget", "ExecutionResult", "StepRecord", "execute_workflow"]
 
@@ -92,6 +95,10 @@ class StepRecord:
         return row
 
 
+# ``on_event(kind, step_record)``: a synchronous observer of step progress
+EventCallback = Callable[[str, "StepRecord"], None]
+
+
 @dataclass
 class ExecutionResult:
     """The outcome of one workflow run.
@@ -153,6 +160,7 @@ class _Run:
         "tokens_spent",
         "cost_spent",
         "stopped_by",
+        "on_event",
     )
 
     def __init__(
@@ -164,7 +172,9 @@ class _Run:
         budget: Budget | None,
         names: Sequence[str] | None,
         sample_index: int,
+        on_event: EventCallback | None = None,
     ) -> None:
+        self.on_event = on_event
         self.workflow = workflow
         self.question = question
         self.call_worker = call_worker
@@ -181,6 +191,14 @@ class _Run:
         self.cost_spent = 0.0
         self.stopped_by: str | None = None
 
+    def emit(self, kind: str, record: StepRecord) -> None:
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(kind, record)
+        except Exception:  # an observer (progress printer, stream) must not break the run
+            logger.exception("event callback failed on %s", kind)
+
     def _name(self, worker: int) -> str | None:
         names = self.names
         if names is not None and 0 <= worker < len(names):
@@ -196,6 +214,7 @@ class _Run:
         if blocked is not None:
             record.skipped_reason = self.records[blocked].skipped_reason
             self.skipped.add(i)
+            self.emit("step_skipped", record)
             return
         if self.budget is not None:
             reason = self.budget.refusal(self.calls_started, self.tokens_spent, self.cost_spent)
@@ -204,11 +223,13 @@ class _Run:
                 self.skipped.add(i)
                 if self.stopped_by is None:
                     self.stopped_by = reason
+                self.emit("step_skipped", record)
                 return
         self.calls_started += 1
         messages = worker_messages(self.question, self.workflow, i, self.responses, self.config)
         start = time.perf_counter()
         record.started_at = start - self.t0
+        self.emit("step_started", record)
         try:
             reply = await self.call_worker(step.worker, messages, self.sample_index)
         except Exception as exc:  # a broken caller must not crash the run
@@ -222,6 +243,7 @@ class _Run:
         record.finished_at = end - self.t0
         record.latency_s = end - start
         self._record_reply(i, record, reply)
+        self.emit("step_finished", record)
 
     def _record_reply(self, i: int, record: StepRecord, reply: Any) -> None:
         if not isinstance(reply, WorkerReply):
@@ -259,8 +281,12 @@ async def execute_workflow(
     budget: Budget | None = None,
     worker_names: Sequence[str] | None = None,
     sample_index: int = 0,
+    on_event: EventCallback | None = None,
 ) -> ExecutionResult:
     """Execute ``workflow`` for ``question`` and collect per-step records and totals.
+
+    ``on_event(kind, record)``, when given, is called synchronously with ``"step_started"``,
+    ``"step_finished"`` or ``"step_skipped"`` and the step's record (progress output, streaming).
 
     ``call_worker`` is awaited once per step that runs, with the worker's pool position,
     the messages from :func:`worker_messages` and ``sample_index``. Never raises for
@@ -274,6 +300,7 @@ async def execute_workflow(
         budget,
         worker_names,
         sample_index,
+        on_event,
     )
     steps = workflow.steps
     run.records = [

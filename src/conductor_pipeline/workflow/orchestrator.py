@@ -7,7 +7,9 @@ module imports neither.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,8 @@ from conductor_pipeline.workflow.parser import parse_workflow, render_workflow
 from conductor_pipeline.workflow.policy import ConductorPolicy
 from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages, recursion_messages
 from conductor_pipeline.workflow.types import ParseLimits, Workflow, WorkflowParseError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,6 +151,7 @@ async def _sample_workflow(
     config: OrchestrationConfig,
     round_index: int,
     calls: list[ConductorCall],
+    emit: Callable[[str, Any], None],
 ) -> Workflow | None:
     """Draw Conductor samples until one parses; None when every attempt failed."""
     for attempt in range(config.max_parse_attempts):
@@ -166,11 +171,16 @@ async def _sample_workflow(
         )
         calls.append(call)
         try:
-            return parse_workflow(
+            workflow = parse_workflow(
                 text, n_workers, limits=config.limits, allow_empty=round_index > 0
             )
         except WorkflowParseError as err:
             call.parse_error = str(err)
+            emit("conductor_output", call)
+            continue
+        emit("conductor_output", call)
+        emit("workflow", workflow)
+        return workflow
     return None
 
 
@@ -182,16 +192,32 @@ async def orchestrate(
     *,
     worker_names: list[str] | None = None,
     config: OrchestrationConfig | None = None,
+    on_event: Callable[[str, Any], None] | None = None,
 ) -> OrchestrationResult:
-    """Answer ``question`` with a Conductor-written workflow over the given workers."""
+    """Answer ``question`` with a Conductor-written workflow over the given workers.
+
+    ``on_event(kind, payload)`` observes progress as it happens: ``"conductor_output"``
+    (a :class:`ConductorCall`, with ``parse_error`` set when it did not parse), ``"workflow"``
+    (the parsed :class:`Workflow`), and the executor's ``"step_started"``,
+    ``"step_finished"`` and ``"step_skipped"`` (a ``StepRecord``).
+    """
     config = config or OrchestrationConfig()
+
+    def emit(kind: str, payload: Any) -> None:
+        if on_event is None:
+            return
+        try:
+            on_event(kind, payload)
+        except Exception:  # an observer must not break the run
+            logger.exception("event callback failed on %s", kind)
+
     n_workers = len(worker_descriptions)
     start = time.perf_counter()
     calls: list[ConductorCall] = []
     rounds: list[RoundRecord] = []
 
     messages = conductor_messages(question, worker_descriptions, config.prompt)
-    workflow = await _sample_workflow(policy, messages, n_workers, config, 0, calls)
+    workflow = await _sample_workflow(policy, messages, n_workers, config, 0, calls, emit)
     if workflow is None:
         return OrchestrationResult(
             question,
@@ -210,6 +236,7 @@ async def orchestrate(
         config=config.prompt,
         budget=config.budget,
         worker_names=worker_names,
+        on_event=emit,
     )
     rounds.append(RoundRecord(0, workflow, execution))
     answer = execution.answer or ""
@@ -219,7 +246,9 @@ async def orchestrate(
         messages = recursion_messages(
             question, worker_descriptions, previous_text, answer, config.prompt
         )
-        revised = await _sample_workflow(policy, messages, n_workers, config, round_index, calls)
+        revised = await _sample_workflow(
+            policy, messages, n_workers, config, round_index, calls, emit
+        )
         if revised is None:
             rounds.append(
                 RoundRecord(
@@ -250,6 +279,7 @@ async def orchestrate(
             config=config.prompt,
             budget=budget,
             worker_names=worker_names,
+            on_event=emit,
         )
         rounds.append(RoundRecord(round_index, revised, execution))
         if execution.answer:
