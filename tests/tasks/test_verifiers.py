@@ -419,3 +419,37 @@ def test_extract_final_answer(response: str, answer_format: str, expected: str |
 def test_extract_letter_respects_valid_range() -> None:
     assert extract_letter("The answer is F", "ABCDEF") == "F"
     assert extract_letter("The answer is F", "ABCD") is None
+
+
+def test_full_definition_with_a_bare_signature_prompt_still_runs():
+    """Regression: a prompt whose stub has no body (starter code) used to be prepended verbatim,
+    which made every full-definition answer an IndentationError."""
+    task = Task(
+        "reg/bare",
+        "code",
+        "easy",
+        "Write add(a, b).",
+        "def add(a, b):\n    return a + b\n",
+        "code",
+        "code",
+        "unit",
+        {
+            "prompt": "import math\n\ndef add(a, b):\n",
+            "entry_point": "add",
+            "test": "def check(f):\n    assert f(1, 2) == 3\n",
+        },
+    )
+    assert verify(task, "```python\ndef add(a, b):\n    return a + b\n```").correct
+    assert not verify(task, "```python\ndef add(a, b):\n    return a - b\n```").correct
+
+
+@pytest.mark.parametrize(
+    ("reply", "correct"),
+    [(r"\frac{5}{6}", True), (r"$\frac{5}{6}$", True), (r"\frac{6}{5}", False)],
+)
+def test_a_bare_latex_reply_is_read_whole_not_as_its_last_number(reply, correct):
+    """Regression: a reply of just ``\\frac{5}{6}`` used to be read as 6."""
+    task = Task(
+        "reg/frac", "math", "easy", "Simplify 10/12.", r"\frac{5}{6}", "math", "math", "unit"
+    )
+    assert verify(task, reply).correct is correct

@@ -88,13 +88,31 @@ def extract_final_answer(response: str, answer_format: str) -> str | None:
         if answer_format == "text":
             answer = _last_line(text)
         elif answer_format == "math":
-            answer = _last_inline_math(_last_line(text) or "") or _last_number(text)
+            answer = (
+                _last_inline_math(_last_line(text) or "")
+                or _bare_expression(text)
+                or _last_number(text)
+            )
         else:
             answer = _last_number(text)
     if answer is None:
         return None
     answer = _tidy(answer)
     return answer[:_MAX_ANSWER_CHARS] if answer else None
+
+
+_LATEX_OR_MATH = re.compile(r"^[\\\w{}()\[\]^_+\-*/=.,:;<>|!' ]+$")
+
+
+def _bare_expression(text: str) -> str | None:
+    """A reply that is nothing but one short expression (``\\frac{5}{6}``, ``3\\sqrt{2}``)
+    is the answer as a whole; taking its last number would read ``\\frac{5}{6}`` as 6."""
+    stripped = text.strip().strip("$").strip()
+    if "\n" in stripped or len(stripped) > 120 or not stripped:
+        return None
+    if "\\" not in stripped and " " in stripped:
+        return None  # plain prose: leave it to the number fallback
+    return stripped if _LATEX_OR_MATH.match(stripped) else None
 
 
 def _strip_reasoning(text: str) -> str:
@@ -449,16 +467,30 @@ def _verify_numeric(task: Task, response: str) -> Verdict:
     return Verdict(False, 0.0, extracted, f"{pred[0]:g} differs from the reference {gold[0]:g}")
 
 
+def _compiles(code: str) -> bool:
+    try:
+        compile(code, "<candidate>", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
 def _verify_code(task: Task, response: str) -> Verdict:
     meta = task.metadata
     code = extract_code(_strip_reasoning(response))
     entry_point = meta.get("entry_point") or None
     prompt = str(meta.get("prompt", "") or "")
     if entry_point and prompt:
-        if re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M):
+        definition = re.compile(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.M)
+        if definition.search(code):
             # A full definition: keep the prompt's imports and helpers; its docstring-only
-            # stub is harmless and is redefined by the candidate.
-            code = prompt.rstrip("\n") + "\n\n" + code
+            # stub is harmless and is redefined by the candidate. A stub with no body at all
+            # (a bare signature) would not compile, so then keep only what precedes it.
+            combined = prompt.rstrip("\n") + "\n\n" + code
+            stub = definition.search(prompt)
+            if stub is not None and not _compiles(combined):
+                combined = prompt[: stub.start()] + code
+            code = combined
         else:
             code = prompt + code  # a completion of the prompt's function body
     limits = SandboxLimits(
