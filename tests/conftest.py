@@ -15,3 +15,18 @@ _OFFLINE = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 os.environ.update(_OFFLINE)
+
+
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def isolated_mlflow_store(tmp_path_factory, monkeypatch):
+    """Each test that touches MLflow without choosing a store gets a throw-away one."""
+    store = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    yield
+    if "mlflow" in sys.modules:  # undo a set_tracking_uri() made by the test or by kedro-mlflow
+        sys.modules["mlflow"].set_tracking_uri(f"sqlite:///{store}")
