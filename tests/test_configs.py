@@ -1,0 +1,40 @@
+"""Every shipped configuration profile validates: base (the sandbox) and gpu (full scale)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conductor_pipeline.pipelines.data_prep.nodes import validate_params
+from conductor_pipeline.project import load_project_config
+from conductor_pipeline.workers import load_worker_specs
+from conductor_pipeline.workflow.config import orchestration_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("env", ["base", "gpu"])
+def test_profile_validates(env, monkeypatch):
+    for variable in ("GEMINI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.setenv(variable, "dummy")
+    config = load_project_config(env, root=REPO)
+    validate_params(config.parameters["data_prep"])
+    orchestration_config(config.parameters["conductor"])
+    if config.worker_pool["kind"] == "configured":
+        specs = load_worker_specs(
+            {
+                "workers": config.worker_pool["workers"],
+                "defaults": config.worker_pool.get("defaults", {}),
+            }
+        )
+        assert len(specs) == 7 and all(spec.description for spec in specs)
+
+
+def test_gpu_profile_follows_the_paper():
+    config = load_project_config("gpu", root=REPO)
+    conductor = orchestration_config(config.parameters["conductor"])
+    assert conductor.max_parse_attempts == 5 and conductor.max_rounds == 1
+    assert conductor.temperature == 1.0 and conductor.max_tokens == 1024
+    quotas = config.parameters["data_prep"]["domain_quota"]
+    assert sum(quotas.values()) == 960 and len(set(quotas.values())) == 1
