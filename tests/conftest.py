@@ -28,5 +28,9 @@ def isolated_mlflow_store(tmp_path_factory, monkeypatch):
     store = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
     yield
-    if "mlflow" in sys.modules:  # undo a set_tracking_uri() made by the test or by kedro-mlflow
-        sys.modules["mlflow"].set_tracking_uri(f"sqlite:///{store}")
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        # a run left open (e.g. by an in-process Kedro session) would be adopted by the next test
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+        mlflow.set_tracking_uri(f"sqlite:///{store}")  # undo the test's or kedro-mlflow's choice

@@ -39,6 +39,9 @@ def project(tmp_path, monkeypatch) -> Path:
         load_real_model=False, latency_scale=0.0, workers=["sim-sage", "sim-abacus"]
     )
     (root / "conf" / "local" / "workers.yml").write_text(yaml.safe_dump(pool))
+    params = yaml.safe_load((REPO / "conf/base/parameters_conductor.yml").read_text())
+    params["conductor"]["policy"]["adapter"] = None  # nothing is registered in a fresh project
+    (root / "conf" / "local" / "parameters_conductor.yml").write_text(yaml.safe_dump(params))
     monkeypatch.delenv("CONDUCTOR_PROJECT_ROOT", raising=False)
     monkeypatch.chdir(root)
     return root
@@ -87,10 +90,9 @@ def test_ask_without_prepared_data_says_what_to_run(project, capsys):
 @pytest.mark.slow
 def test_ask_with_the_real_untrained_smollm2_conductor(project, capsys):
     """The whole path with a real policy: the output may or may not parse, either is reported."""
-    params = yaml.safe_load((REPO / "conf/base/parameters_conductor.yml").read_text())
+    params = yaml.safe_load((project / "conf/local/parameters_conductor.yml").read_text())
     params["conductor"].update(max_parse_attempts=1)
     params["conductor"]["sampling"]["max_tokens"] = 48
-    params["conductor"]["policy"]["adapter"] = None
     (project / "conf" / "local" / "parameters_conductor.yml").write_text(yaml.safe_dump(params))
     code = cli.main(["ask", "--sample", "--json"])
     record = json.loads(capsys.readouterr().out)

@@ -1,4 +1,5 @@
-"""The ``conductor`` command: ask the Conductor a question, or run the sandbox worker server."""
+"""The ``conductor`` command: ask the Conductor a question, serve the Conductor API, or run the
+sandbox worker server."""
 
 from __future__ import annotations
 
@@ -144,6 +145,24 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from conductor_pipeline.serving.server import ServeError, main_error, serve
+
+    try:
+        return serve(
+            env=args.env,
+            host=args.host,
+            port=args.port,
+            model=args.model,
+            adapter=args.adapter,
+            policy_server=args.policy_server,
+            max_concurrency=args.max_concurrency,
+            log_level=logging.DEBUG if args.verbose else logging.INFO,
+        )
+    except (ServeError, ValueError, FileNotFoundError) as err:
+        return main_error(err)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conductor", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -167,6 +186,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ask.set_defaults(handler=cmd_ask)
 
+    serve = commands.add_parser(
+        "serve", help="serve the Conductor API (OpenAI-compatible) over the configured pool"
+    )
+    serve.add_argument("--host", default=None, help="default: serving.host (127.0.0.1)")
+    serve.add_argument(
+        "--port", type=int, default=None, help="default: serving.port (8700); 0 picks a free one"
+    )
+    serve.add_argument("--env", default=None, help="configuration environment, e.g. gpu")
+    choice = serve.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--model",
+        default=None,
+        help="registry model: conductor@<alias> or conductor/<version> "
+        "(default: conductor.policy.adapter, base policy while nothing is registered)",
+    )
+    choice.add_argument("--adapter", default=None, help="a LoRA adapter folder to serve")
+    serve.add_argument(
+        "--policy-server",
+        choices=("local", "vllm"),
+        default=None,
+        help="local: the configured policy in this process; vllm: launch vLLM (GPU)",
+    )
+    serve.add_argument(
+        "--max-concurrency", type=int, default=None, help="requests at once; more get 429"
+    )
+    serve.set_defaults(handler=cmd_serve)
+
     sandbox = commands.add_parser("sandbox", help="run the sandbox worker server in the foreground")
     sandbox.add_argument("--host", default="127.0.0.1")
     sandbox.add_argument("--port", type=int, default=8600)
@@ -184,9 +230,13 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # logs go to stderr, whatever handlers an imported library installed, so that stdout
+    # carries only the answer or the --json record
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
     )
     return args.handler(args)
 
