@@ -128,3 +128,15 @@ def test_injected_faults_are_typed_failures_not_answers(tasks_path, tmp_path):
     assert len(failures) == sum(stats["injected"].values()) > 0
     assert {r.failure.value for r in failures} <= {"timeout", "empty_reply"}
     assert all(r.text is None for r in failures)
+
+
+@pytest.mark.slow
+def test_real_smollm2_worker_generates_through_the_pool(tasks_path, tmp_path):
+    config = sandbox_config(tasks_path)
+    config["sandbox"].update(load_real_model=True, workers=["smollm2-135m", "sim-sage"])
+    messages = [{"role": "user", "content": "Name one colour of the sky."}]
+    with open_worker_pool(config, root=tmp_path) as pool:
+        reply = asyncio.run(pool("smollm2-135m", messages))
+    assert reply.ok, reply.error
+    assert reply.text.strip()
+    assert reply.usage.completion_tokens > 0 and reply.usage.cost_usd > 0
