@@ -4,7 +4,7 @@ The ``conductor`` mapping (``conf/*/parameters_conductor.yml``) is shared by ``c
 training, evaluation and serving, so all of them prompt and sample the Conductor alike::
 
     conductor:
-      policy: {kind: local, model_dir: null, adapter: null}
+      policy: {kind: local, model_dir: null, adapter: null}   # or {kind: scripted, worker: 0}
       sampling: {temperature: 0.7, max_tokens: 384, seed: 0}
       max_parse_attempts: 5
       max_rounds: 0
@@ -20,13 +20,27 @@ from typing import Any
 
 from conductor_pipeline.workflow.executor import Budget
 from conductor_pipeline.workflow.orchestrator import OrchestrationConfig
-from conductor_pipeline.workflow.policy import ConductorPolicy, EndpointPolicy, LocalPolicy
+from conductor_pipeline.workflow.policy import (
+    ConductorPolicy,
+    EndpointPolicy,
+    LocalPolicy,
+    ScriptedPolicy,
+)
 from conductor_pipeline.workflow.prompts import PromptConfig
 from conductor_pipeline.workflow.types import ParseLimits
 
 _TOP_KEYS = {"policy", "sampling", "max_parse_attempts", "max_rounds", "prompt", "budget"}
 _SECTION_KEYS = {
-    "policy": {"kind", "model_dir", "adapter", "model", "api_base", "api_key_env", "timeout_s"},
+    "policy": {
+        "kind",
+        "model_dir",
+        "adapter",
+        "model",
+        "api_base",
+        "api_key_env",
+        "timeout_s",
+        "worker",
+    },
     "sampling": {"temperature", "max_tokens", "seed"},
     # every PromptConfig field except the descriptions, which come from the pool
     "prompt": set(PromptConfig.__dataclass_fields__) - {"worker_descriptions"},
@@ -80,6 +94,10 @@ def orchestration_config(params: Mapping[str, Any]) -> OrchestrationConfig:
 def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -> ConductorPolicy:
     """The Conductor model named by ``conductor.policy``.
 
+    ``kind: scripted`` is the rule-based :class:`ScriptedPolicy` (one step to worker
+    ``worker`` with the question as subtask): a baseline and a deterministic stand-in for
+    tests and load benchmarks, not a trained Conductor.
+
     ``adapter_dir`` is a resolved local LoRA folder (the caller resolves registry references
     such as ``models:/conductor@champion``, which need MLflow).
     """
@@ -97,4 +115,12 @@ def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -
             api_key=os.environ.get(key_env) if key_env else None,
             timeout_s=float(policy.get("timeout_s", 120)),
         )
-    raise ValueError(f"conductor.policy.kind: must be 'local' or 'endpoint', got {kind!r}")
+    if kind == "scripted":
+        # a fixed rule, not a model (a baseline and a test fixture); adapters do not apply
+        try:
+            return ScriptedPolicy(worker=policy.get("worker", 0))
+        except ValueError as err:
+            raise ValueError(f"conductor.policy.worker: {err}") from err
+    raise ValueError(
+        f"conductor.policy.kind: must be 'local', 'endpoint' or 'scripted', got {kind!r}"
+    )

@@ -1,7 +1,10 @@
 """The Conductor policy: any chat model that turns Conductor messages into a completion.
 
 Two implementations: a local transformers model (default: SmolLM2-135M-Instruct, optionally
-with a LoRA adapter) and an OpenAI-compatible endpoint such as a vLLM server. Heavy imports
+with a LoRA adapter) and an OpenAI-compatible endpoint such as a vLLM server. A third,
+:class:`ScriptedPolicy`, is no model at all: a fixed rule (one step, one configured worker,
+the question as its subtask) for fast deterministic tests and load benchmarks, and a
+trivial "route everything to worker k" baseline. Heavy imports
 (torch, transformers, peft, litellm) happen on first use, so importing the workflow package
 stays cheap.
 """
@@ -9,6 +12,7 @@ stays cheap.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -149,3 +153,54 @@ class EndpointPolicy:
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             latency_s=time.perf_counter() - start,
         )
+
+
+class ScriptedPolicy:
+    """A rule, not a model: every question gets the same one-step workflow.
+
+    The step sends the question itself (as it appears at the end of the Conductor prompt,
+    cropped to ``max_subtask_chars``) to worker ``worker``, seeing nothing else. In a
+    recursion round it keeps the previous answer (three empty lists). Its output continues
+    the assistant prefill when the prompt carries one, exactly as a model would. Replies
+    are deterministic and instant; token counts are zero (no model ran).
+
+    Use it as a baseline ("always ask worker k") or to exercise serving, tests and
+    benchmarks without a model; it is not a trained Conductor.
+    """
+
+    QUESTION_MARKER = "Question: "
+
+    def __init__(self, worker: int = 0, max_subtask_chars: int = 4000) -> None:
+        if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
+            raise ValueError(f"ScriptedPolicy: worker must be an index >= 0, got {worker!r}")
+        self.worker = worker
+        self.max_subtask_chars = max_subtask_chars
+        self.name = f"scripted:worker-{worker}"
+
+    def _question(self, messages: list[dict[str, str]]) -> str:
+        first_user = next((m for m in messages if m["role"] == "user"), None)
+        text = str(first_user["content"]) if first_user else ""
+        # the planning prompt ends with a paragraph "Question: <question>"; the first such
+        # paragraph is it (few-shot examples put "Question:" mid-paragraph)
+        at = text.find("\n\n" + self.QUESTION_MARKER)
+        at = at + 2 if at >= 0 else text.rfind(self.QUESTION_MARKER)
+        question = text[at + len(self.QUESTION_MARKER) :] if at >= 0 else text
+        return question.strip()[: self.max_subtask_chars].strip() or "(empty question)"
+
+    def workflow_text(self, messages: list[dict[str, str]]) -> str:
+        if sum(m["role"] == "user" for m in messages) > 1:  # a recursion round: keep the answer
+            return "model_id = []\nsubtasks = []\naccess_list = []"
+        subtask = json.dumps([self._question(messages)])
+        return f"model_id = [{self.worker}]\nsubtasks = {subtask}\naccess_list = [[]]"
+
+    async def complete(
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
+    ) -> PolicyCompletion:
+        text = self.workflow_text(messages)
+        prefill = (
+            messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
+        )
+        if prefill:
+            # continue the prefill: the orchestrator parses prefill + completion
+            text = text[len(prefill) :] if text.startswith(prefill) else "\n" + text
+        return PolicyCompletion(text, 0, 0, 0.0)
