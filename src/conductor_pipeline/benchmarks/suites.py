@@ -222,3 +222,128 @@ def executor_overhead() -> dict[str, Any]:
         }
 
     return asyncio.run(run())
+
+
+@benchmark("serving")
+def serving_load() -> dict[str, Any]:
+    """The Conductor API under bounded loopback load: 200 requests (one in ten streamed) from
+    16 concurrent clients against the API in process, with the scripted policy and the
+    sandbox's zero-latency simulated workers (no response cache, so every request calls a
+    worker). Throughput, latency percentiles, errors (target: none) and the asyncio tasks
+    left in the server's event loop afterwards (target: none)."""
+    import asyncio
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+
+    from conductor_pipeline.benchmarks import percentile
+    from conductor_pipeline.serving.app import ConductorService
+    from conductor_pipeline.serving.server import BackgroundServer
+    from conductor_pipeline.serving.settings import ServingSettings
+    from conductor_pipeline.workers import WorkerPool
+    from conductor_pipeline.workers.sandbox import SandboxServer
+    from conductor_pipeline.workflow import OrchestrationConfig, PromptConfig
+    from conductor_pipeline.workflow.policy import ScriptedPolicy
+
+    n_requests, concurrency, warmup = 200, 16, 16
+    questions = [
+        "Compute the sum of 1234 and 4321.",
+        "All cats are mammals. Are cats mammals? Yes or No.",
+    ]
+
+    def server_tasks(loop: asyncio.AbstractEventLoop) -> int:
+        async def count() -> int:
+            return len(asyncio.all_tasks()) - 1  # not this probe
+
+        return asyncio.run_coroutine_threadsafe(count(), loop).result(timeout=10)
+
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        SandboxServer(
+            tasks_paths=_bench_tasks(Path(tmp)), latency_scale=0.0, load_real_model=False
+        ) as sandbox,
+    ):
+        entries = sandbox.pool_config()
+        for entry in entries:
+            entry["max_concurrency"] = 64
+        pool = WorkerPool.from_config({"workers": entries})
+        service = ConductorService(
+            policy=ScriptedPolicy(worker=pool.names.index("sim-abacus")),
+            call_worker=pool,
+            descriptions=pool.descriptions,
+            worker_names=pool.names,
+            orchestration=OrchestrationConfig(
+                prompt=PromptConfig(assistant_prefill="model_id = [")
+            ),
+            settings=ServingSettings(max_concurrency=32, request_timeout_s=60),
+        )
+        with BackgroundServer(service) as server:
+            server.wait_ready()
+
+            async def load(count: int, offset: int) -> tuple[list[float], dict[int, int], int]:
+                latencies: list[float] = []
+                statuses: dict[int, int] = {}
+                next_index = iter(range(count))
+                limits = httpx.Limits(max_connections=concurrency)
+                async with httpx.AsyncClient(
+                    base_url=server.base_url, timeout=60, limits=limits
+                ) as client:
+
+                    async def one(i: int) -> None:
+                        body = {
+                            "model": "conductor",
+                            "messages": [{"role": "user", "content": questions[i % 2]}],
+                            "seed": offset + i,
+                            "stream": i % 10 == 9,
+                        }
+                        start = time.perf_counter()
+                        try:
+                            response = await client.post("/chat/completions", json=body)
+                            ok = response.status_code == 200 and (
+                                '"finish_reason": "stop"' in response.text
+                                if body["stream"]
+                                else bool(response.json()["choices"][0]["message"]["content"])
+                            )
+                            status = response.status_code if ok else -response.status_code
+                        except httpx.HTTPError:
+                            status = 0
+                        latencies.append(time.perf_counter() - start)
+                        statuses[status] = statuses.get(status, 0) + 1
+
+                    async def client_loop() -> None:
+                        for i in next_index:
+                            await one(i)
+
+                    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+                leftover = len(asyncio.all_tasks()) - 1
+                return latencies, statuses, leftover
+
+            asyncio.run(load(warmup, 10_000))
+            time.sleep(0.5)
+            assert server.loop is not None
+            baseline = server_tasks(server.loop)
+            start = time.perf_counter()
+            latencies, statuses, client_leftover = asyncio.run(load(n_requests, 0))
+            wall = time.perf_counter() - start
+            time.sleep(0.5)  # let closed connections wind down
+            leaked = server_tasks(server.loop) - baseline
+            in_flight_after = server.app.state.gate.active
+        asyncio.run(pool.aclose())
+    errors = n_requests - statuses.get(200, 0)
+    return {
+        "requests": n_requests,
+        "concurrency": concurrency,
+        "streamed_share": 0.1,
+        "errors": errors,
+        "errors_target": 0,
+        "status_counts": {str(k): v for k, v in sorted(statuses.items())},
+        "throughput_rps": n_requests / wall,
+        "latency_p50_ms": percentile(latencies, 50) * 1000,
+        "latency_p95_ms": percentile(latencies, 95) * 1000,
+        "latency_max_ms": max(latencies) * 1000,
+        "leaked_server_tasks": leaked,
+        "leaked_client_tasks": client_leftover,
+        "in_flight_after": in_flight_after,
+        "policy": "scripted (one step to sim-abacus), sandbox latency 0, cache off",
+    }
