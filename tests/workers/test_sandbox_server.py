@@ -7,6 +7,7 @@ official ``openai`` client and through ``litellm``, as the pool will call it.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -174,3 +175,42 @@ def test_start_timeout_names_the_status_and_stops_the_server():
         server.start()
     assert not server.running
     assert "no tasks loaded" in server.last_log
+
+
+def test_server_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """The server runs in its own session (Ctrl-C reaches only the parent); a parent killed
+    outright must not leave it running."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text("")
+    pid_file = tmp_path / "server.pid"
+    parent = textwrap.dedent(
+        f"""
+        import pathlib, time
+        from conductor_pipeline.workers.sandbox import SandboxServer
+        server = SandboxServer(tasks_paths=[{str(tasks_file)!r}], load_real_model=False, latency_scale=0.0).start()
+        pathlib.Path({str(pid_file)!r}).write_text(str(server._process.pid))
+        time.sleep(600)
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    server_pid = int(pid_file.read_text())
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(server_pid, signal.SIGKILL)
+    raise AssertionError("the sandbox server outlived its killed parent")

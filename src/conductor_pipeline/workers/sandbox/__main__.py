@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--port-file", default=None, help="write the bound port number here")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level")
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="shut down when this process is gone"
+    )
     return parser
 
 
@@ -73,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port_file=args.port_file,
         log_level=args.log_level,
         torch_threads=args.torch_threads or None,
+        parent_pid=args.parent_pid,
     )
 
 

@@ -398,8 +398,10 @@ def serve(
     port_file: str | Path | None = None,
     log_level: str = "warning",
     torch_threads: int | None = 1,
+    parent_pid: int | None = None,
 ) -> None:
-    """Run the sandbox server in this process until interrupted.
+    """Run the sandbox server in this process until interrupted (or, with ``parent_pid``,
+    until that process is gone).
 
     ``port=0`` binds a free port; its number is written to ``port_file`` when given (the
     file appears once the socket is bound, before the model has loaded).
@@ -433,7 +435,25 @@ def serve(
         partial.write_text(str(bound_port))
         os.replace(partial, target)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on")
+    if parent_pid:
+        _exit_with_parent(parent_pid)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def _exit_with_parent(parent_pid: int, period_s: float = 1.0) -> None:
+    """Shut the server down (gracefully, by SIGTERM) once the process that started it is gone.
+
+    The server runs in a session of its own, so that a terminal's Ctrl-C reaches only the
+    parent, which then stops it in order; this watch covers a parent killed outright.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(period_s)
+        log.warning("sandbox: parent process %d is gone; shutting down", parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sandbox-parent-watch", daemon=True).start()
 
 
 class SandboxStartError(RuntimeError):
@@ -552,7 +572,7 @@ class SandboxServer:
             cmd.append("--no-real-model")
         if self.model_cache_dir:
             cmd += ["--model-cache", str(self.model_cache_dir)]
-        cmd += ["--torch-threads", str(self.torch_threads or 0)]
+        cmd += ["--torch-threads", str(self.torch_threads or 0), "--parent-pid", str(os.getpid())]
         env = {**os.environ, **_OFFLINE_ENV, "PYTHONUNBUFFERED": "1"}
         self._log_handle = open(self._log_path, "wb")  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(
@@ -561,6 +581,7 @@ class SandboxServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
+            start_new_session=True,  # Ctrl-C goes to the parent, which stops us in order
         )
         try:
             self._wait_until_healthy(port_file)
