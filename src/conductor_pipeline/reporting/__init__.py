@@ -1,0 +1,34 @@
+"""Reports: papermill-executed notebooks rendered to HTML, and the functions they call.
+
+The notebooks in ``notebooks/`` stay thin (a ``parameters`` cell, then calls into this
+package), so the logic is tested as plain Python:
+
+- :mod:`.runner`: execute a notebook with papermill, render HTML without code cells;
+- :mod:`.training`: curves from the training run's MLflow metric history;
+- :mod:`.evaluation`: summary table, cost–accuracy plot, heat maps, example workflows,
+  promotion decision;
+- :mod:`.display`: figures as embedded PNG, notes for missing inputs.
+
+No Kedro here; MLflow only where a report reads a run or the registry.
+"""
+
+from conductor_pipeline.reporting.display import MissingInput, note, section, show
+from conductor_pipeline.reporting.runner import (
+    ReportFailed,
+    ReportResult,
+    check_kernel,
+    execute_report,
+    notebook_to_html,
+)
+
+__all__ = [
+    "MissingInput",
+    "ReportFailed",
+    "ReportResult",
+    "check_kernel",
+    "execute_report",
+    "note",
+    "notebook_to_html",
+    "section",
+    "show",
+]

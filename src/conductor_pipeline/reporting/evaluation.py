@@ -1,0 +1,369 @@
+"""The evaluation report's content: the summary table with confidence intervals, the
+cost–accuracy plot, per-domain heat maps of accuracy and of the Conductor's worker choice,
+access-pattern shares, sample workflows that succeeded and failed, and the promotion
+decision against the previous champion.
+
+Inputs are the evaluation pipeline's files (``evaluation_summary.csv``,
+``evaluation_summary_by_domain.csv``, ``evaluation_results.parquet``,
+``evaluation_run_info.json``) and the promotion pipeline's ``promotion_decision.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from conductor_pipeline.reporting.display import MissingInput, new_figure
+
+CONDUCTOR_SYSTEMS = ("conductor", "conductor+recursion", "base-policy")
+PATTERNS = ("single", "chain", "independent", "tree")
+
+
+def _need(path: str | Path | None, what: str) -> Path:
+    if not path:
+        raise MissingInput(f"no path was given for {what}")
+    path = Path(path)
+    if not path.is_file():
+        raise MissingInput(f"{what} not found at {path}")
+    return path
+
+
+def load_summary(path: str | Path | None) -> pd.DataFrame:
+    return pd.read_csv(_need(path, "the evaluation summary"))
+
+
+def load_by_domain(path: str | Path | None) -> pd.DataFrame:
+    return pd.read_csv(_need(path, "the per-domain summary"))
+
+
+def load_results(path: str | Path | None) -> pd.DataFrame:
+    return pd.read_parquet(_need(path, "the per-question results"))
+
+
+def load_json(path: str | Path | None, what: str) -> dict[str, Any]:
+    return json.loads(_need(path, what).read_text(encoding="utf-8"))
+
+
+def _system_label(system: str) -> str:
+    worker = system.split(":", 1)[1] if ":" in system else ""
+    return f"{system} (simulated worker)" if worker.startswith("sim-") else system
+
+
+def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per system: accuracy with its interval, cost, tokens, calls, latency,
+    failures, and the paired p-value against the Conductor where there is one."""
+
+    def pct(value: Any) -> str:
+        return "" if pd.isna(value) else f"{100 * float(value):.1f}"
+
+    table = pd.DataFrame(
+        {
+            "system": summary["system"].map(_system_label),
+            "n": summary["n"],
+            "accuracy %": summary["accuracy"].map(pct),
+            "95% CI": [
+                "" if pd.isna(lo) else f"[{pct(lo)}, {pct(hi)}]"
+                for lo, hi in zip(summary["ci_low"], summary["ci_high"], strict=True)
+            ],
+            "cost $/q": summary["cost_usd_per_q"].map(lambda v: "" if pd.isna(v) else f"{v:.6f}"),
+            "tokens/q": summary["tokens_per_q"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
+            "calls/q": summary["calls_per_q"].map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
+            "latency p50 s": summary["latency_p50_s"].map(
+                lambda v: "" if pd.isna(v) else f"{v:.2f}"
+            ),
+            "infra failures": summary["infra_failures"],
+        }
+    )
+    if "parse_failures" in summary:
+        table["parse failures"] = summary["parse_failures"]
+    if "p_value_vs_conductor" in summary:
+        table["p vs conductor"] = summary["p_value_vs_conductor"].map(
+            lambda v: "" if pd.isna(v) else f"{v:.3g}"
+        )
+    return table
+
+
+def evaluated_models(run_info: dict[str, Any], summary: pd.DataFrame) -> str:
+    """A sentence saying which Conductor was evaluated, and when it is the base policy."""
+    lines = []
+    label = run_info.get("conductor") or (
+        summary.loc[summary["system"] == "conductor", "policy"].iloc[0]
+        if "policy" in summary and (summary["system"] == "conductor").any()
+        else None
+    )
+    if label:
+        lines.append(f"**Conductor evaluated:** {label}")
+    if run_info.get("conductor_variant"):
+        lines.append(f"(`{run_info['conductor_variant']}`)")
+    if run_info.get("conductor_is_base_policy"):
+        lines.append(
+            "\n\n**The evaluated Conductor is the untrained base policy**: no trained version "
+            "was available to the evaluation."
+        )
+    if "simulated_pool" in summary and bool(summary["simulated_pool"].any()):
+        lines.append(
+            "\n\nWorkers named `sim-…` are **simulated** (sandbox profiles), not real models; "
+            "costs are their declared list prices."
+        )
+    if not lines:
+        raise MissingInput("the evaluation run info says nothing about the evaluated Conductor")
+    return " ".join(lines)
+
+
+def pareto_plot(summary: pd.DataFrame):
+    from conductor_pipeline.evaluation.plots import pareto_figure
+
+    return pareto_figure(summary)
+
+
+def heatmap_figure(matrix: pd.DataFrame, *, title: str, value_label: str, percent: bool = True):
+    """Rows × columns of shares in [0, 1], annotated."""
+    import numpy as np
+
+    values = matrix.to_numpy(dtype=float)
+    width = max(6.0, 1.0 + 0.9 * matrix.shape[1])
+    height = max(2.5, 0.9 + 0.5 * matrix.shape[0])
+    figure = new_figure(width, height)
+    ax = figure.add_subplot(1, 1, 1)
+    image = ax.imshow(
+        np.ma.masked_invalid(values), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto"
+    )
+    ax.set_xticks(range(matrix.shape[1]))
+    ax.set_xticklabels([str(c) for c in matrix.columns], rotation=35, ha="right", fontsize=8)
+    ax.set_yticks(range(matrix.shape[0]))
+    ax.set_yticklabels([str(i) for i in matrix.index], fontsize=8)
+    for (row, col), value in np.ndenumerate(values):
+        if math.isnan(value):
+            continue
+        text = f"{100 * value:.0f}" if percent else f"{value:.2f}"
+        ax.text(
+            col, row, text, ha="center", va="center", fontsize=7,
+            color="white" if value < 0.6 else "black",
+        )  # fmt: skip
+    figure.colorbar(image, ax=ax, label=value_label)
+    ax.set_title(title, fontsize=10)
+    figure.tight_layout()
+    return figure
+
+
+def domain_accuracy(by_domain: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy per domain (rows) and system (columns, in the summary's order)."""
+    if by_domain.empty:
+        raise MissingInput("the per-domain summary is empty")
+    order = list(dict.fromkeys(by_domain["system"]))
+    matrix = by_domain.pivot_table(index="domain", columns="system", values="accuracy")
+    return matrix[[s for s in order if s in matrix.columns]]
+
+
+def domain_accuracy_figure(by_domain: pd.DataFrame):
+    matrix = domain_accuracy(by_domain)
+    matrix.columns = [_system_label(c) for c in matrix.columns]
+    return heatmap_figure(matrix, title="Accuracy by domain and system (%)", value_label="accuracy")
+
+
+def _workers(value: Any) -> list[str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    if value is None:
+        return []
+    return [str(v) for v in value]
+
+
+def worker_choice(results: pd.DataFrame, system: str = "conductor") -> pd.DataFrame:
+    """Share of the ``system``'s workflow steps given to each worker, per domain."""
+    rows = results[results["system"] == system]
+    records = [
+        {"domain": domain, "worker": worker}
+        for domain, workers in zip(rows["domain"], rows["workers"], strict=True)
+        for worker in _workers(workers)
+    ]
+    if not records:
+        raise MissingInput(f"no executed workflow steps for system {system!r}")
+    counts = pd.DataFrame(records).value_counts().unstack(fill_value=0)
+    return counts.div(counts.sum(axis=1), axis=0)
+
+
+def worker_choice_figure(results: pd.DataFrame, system: str = "conductor"):
+    matrix = worker_choice(results, system)
+    matrix.columns = [f"{c} (sim)" if str(c).startswith("sim-") else c for c in matrix.columns]
+    return heatmap_figure(
+        matrix,
+        title=f"Which workers the {system} calls, by domain (% of its workflow steps)",
+        value_label="share of steps",
+    )
+
+
+def access_patterns(results: pd.DataFrame) -> pd.DataFrame:
+    """Share of workflows per access pattern (single, chain, independent, tree) for the
+    systems that write workflows; rows are systems."""
+    rows = results[results["system"].isin(CONDUCTOR_SYSTEMS) & results["access_pattern"].notna()]
+    if rows.empty:
+        raise MissingInput("no workflows with an access pattern in the results")
+    shares = pd.crosstab(rows["system"], rows["access_pattern"], normalize="index")
+    for pattern in PATTERNS:
+        if pattern not in shares:
+            shares[pattern] = 0.0
+    extra = [c for c in shares.columns if c not in PATTERNS]
+    order = [s for s in CONDUCTOR_SYSTEMS if s in shares.index]
+    return shares.loc[order, [*PATTERNS, *extra]]
+
+
+def access_pattern_figure(results: pd.DataFrame):
+    shares = access_patterns(results)
+    figure = new_figure(8, 3.2)
+    ax = figure.add_subplot(1, 1, 1)
+    left = pd.Series(0.0, index=shares.index)
+    for pattern in shares.columns:
+        ax.barh(shares.index, shares[pattern], left=left, label=pattern)
+        left += shares[pattern]
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of workflows")
+    ax.set_title("Access patterns of the workflows (who sees which earlier steps)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.tight_layout()
+    return figure
+
+
+def _steps_table(detail: dict[str, Any]) -> pd.DataFrame:
+    steps = detail.get("workflow") or []
+    return pd.DataFrame(
+        [
+            {
+                "step": s.get("index"),
+                "worker": s.get("worker_name") or s.get("worker"),
+                "sees": ", ".join(map(str, s.get("access") or [])) or "—",
+                "subtask": str(s.get("subtask") or "")[:200],
+                "response": str(s.get("response") or s.get("failure") or "")[:160],
+                "cost $": round(float(s.get("cost_usd") or 0.0), 6),
+            }
+            for s in steps
+        ]
+    )
+
+
+def example_workflows(
+    results: pd.DataFrame, *, correct: bool, system: str = "conductor", n: int = 2, seed: int = 0
+) -> list[Any]:
+    """``n`` of the ``system``'s questions it got right (or wrong), each with its workflow
+    as a table: worker, which steps it saw, its subtask and reply."""
+    rows = results[(results["system"] == system) & (results["correct"].astype(bool) == correct)]
+    if rows.empty:
+        raise MissingInput(f"no question the {system} answered {'right' if correct else 'wrong'}")
+    # one per domain first, so the examples are varied
+    picked = rows.sample(frac=1.0, random_state=seed).drop_duplicates("domain").head(n)
+    if len(picked) < n:
+        rest = rows.drop(picked.index).sample(frac=1.0, random_state=seed)
+        picked = pd.concat([picked, rest.head(n - len(picked))])
+    parts: list[Any] = []
+    for row in picked.to_dict(orient="records"):
+        try:
+            detail = json.loads(row.get("detail") or "{}")
+        except ValueError:
+            detail = {}
+        question = str(detail.get("question") or "")[:400].replace("\n", " ")
+        parts.append(
+            f"**{row['question_id']}** ({row['domain']}, {row['difficulty']}) — "
+            f"answer `{str(row.get('extracted') or row.get('answer') or '')[:80]}`, "
+            f"{row.get('verdict') or ('correct' if correct else 'wrong')}; "
+            f"{row.get('n_steps') or 0} steps, ${float(row.get('cost_usd') or 0):.6f}"
+            + (f"\n\n> {question}" if question else "")
+        )
+        if row.get("parse_failure"):
+            parts.append("*The Conductor wrote no parseable workflow for this question.*")
+            continue
+        table = _steps_table(detail)
+        if len(table):
+            parts.append(table)
+    return parts
+
+
+def _figures_row(figures: dict[str, Any] | None) -> dict[str, Any]:
+    figures = figures or {}
+    return {k: figures.get(k) for k in ("accuracy", "cost_usd_per_q", "parse_rate", "n")}
+
+
+def promotion_summary(decision: dict[str, Any]) -> list[Any]:
+    """The decision on the challenger, its reasons, and the figures side by side."""
+    verdict = decision.get("decision", "unknown")
+    version = decision.get("version")
+    previous = decision.get("previous_champion")
+    now = decision.get("champion")
+    before_text = f"`conductor/{previous}`" if previous else "none"
+    now_text = f"`conductor/{now}`" if now else "none"
+    parts: list[Any] = [
+        f"**Challenger:** `conductor/{version}` — decision: **{verdict}**. "
+        f"Champion before: {before_text}; champion now: {now_text}."
+    ]
+    reasons = decision.get("reasons") or []
+    if reasons:
+        parts.append("\n".join(f"- {r}" for r in reasons))
+    figures = decision.get("figures") or {}
+    challenger, champion = figures.get("challenger"), figures.get("champion")
+    if challenger or champion:
+        table = pd.DataFrame(
+            {
+                "challenger": _figures_row(challenger),
+                "champion": _figures_row(champion),
+            }
+        )
+        if challenger and champion:
+            table["difference"] = [
+                (c - p) if isinstance(c, int | float) and isinstance(p, int | float) else None
+                for c, p in zip(table["challenger"], table["champion"], strict=True)
+            ]
+        parts.append(table)
+    if decision.get("champion_source"):
+        parts.append(f"*Champion figures: {decision['champion_source']}.*")
+    gates = decision.get("gates")
+    if gates:
+        parts.append("*Gates:* " + ", ".join(f"{k} = {v}" for k, v in gates.items()))
+    return parts
+
+
+def registry_versions(tracking_uri: str, name: str = "conductor", limit: int = 10) -> pd.DataFrame:
+    """The latest registered versions with their aliases and promotion decisions."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException as err:
+        raise MissingInput(f"no registered model {name!r} in {tracking_uri}") from err
+    aliases: dict[str, list[str]] = {}
+    for alias, version in (model.aliases or {}).items():
+        aliases.setdefault(str(version), []).append(alias)
+    versions = client.search_model_versions(f"name='{name}'")
+    rows = []
+    for mv in sorted(versions, key=lambda v: int(v.version), reverse=True)[:limit]:
+        tags = mv.tags or {}
+        figures = {}
+        for key in ("evaluation.figures", "promotion.figures"):
+            try:
+                data = json.loads(tags.get(key) or "{}")
+            except ValueError:
+                continue
+            figures = data.get("challenger", data) if key == "promotion.figures" else data
+            if figures:
+                break
+        rows.append(
+            {
+                "version": int(mv.version),
+                "aliases": ", ".join(sorted(aliases.get(str(mv.version), []))),
+                "decision": tags.get("promotion.decision", ""),
+                "accuracy": figures.get("accuracy"),
+                "cost $/q": figures.get("cost_usd_per_q"),
+                "parse rate": figures.get("parse_rate"),
+                "reason": str(tags.get("promotion.reason", ""))[:200],
+            }
+        )
+    if not rows:
+        raise MissingInput(f"registered model {name!r} has no versions")
+    return pd.DataFrame(rows)

@@ -1,0 +1,346 @@
+"""The training report's content: curves from the MLflow metric history of the training run
+(or the saved history table), worker usage over training, cost per rollout, and sample
+workflows from early and late steps.
+
+Metric names follow ``conductor_pipeline.training``: ``<stage>/<metric>`` with stage
+``grpo`` or ``recursion`` (e.g. ``grpo/reward/mean``, ``grpo/rollouts/parse_rate``,
+``grpo/workers/share/sim-sage``, ``grpo/workflow/cost_usd_mean``), logged at the global
+training step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from conductor_pipeline.reporting.display import MissingInput, new_figure
+
+STAGES = ("grpo", "recursion")
+_OTHER_PREFIXES = ("sft/", "training/")
+
+
+def _is_training_metric(key: str) -> bool:
+    return key.split("/", 1)[0] in STAGES or key.startswith(_OTHER_PREFIXES)
+
+
+def metric_history_from_mlflow(tracking_uri: str, run_id: str) -> pd.DataFrame:
+    """Long table ``key, step, value, timestamp`` of every training metric of ``run_id``."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as err:
+        raise MissingInput(
+            f"MLflow run {run_id} not found in {tracking_uri}: {str(err).splitlines()[0]}"
+        ) from err
+    rows = []
+    for key in sorted(k for k in run.data.metrics if _is_training_metric(k)):
+        for metric in client.get_metric_history(run_id, key):
+            rows.append(
+                {
+                    "key": key,
+                    "step": metric.step,
+                    "value": metric.value,
+                    "timestamp": metric.timestamp,
+                }
+            )
+    return pd.DataFrame(rows, columns=["key", "step", "value", "timestamp"])
+
+
+def _read_table(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    if path.suffix in (".json", ".jsonl"):
+        return pd.read_json(path, lines=path.suffix == ".jsonl")
+    raise ValueError(f"{path}: unsupported table format (parquet, csv, json, jsonl)")
+
+
+def load_history(
+    tracking_uri: str | None = None,
+    run_id: str | None = None,
+    history_path: str | Path | None = None,
+) -> tuple[pd.DataFrame, str]:
+    """The per-step training metrics as a wide table (one row per step, one column per
+    metric) and where they came from. The MLflow run's history comes first (it is the
+    record); the saved history table is the fallback."""
+    reasons = []
+    if tracking_uri and run_id:
+        try:
+            long = metric_history_from_mlflow(tracking_uri, run_id)
+        except MissingInput as missing:
+            reasons.append(str(missing))
+        else:
+            if len(long):
+                wide = (
+                    long.sort_values("timestamp")
+                    .pivot_table(index="step", columns="key", values="value", aggfunc="last")
+                    .reset_index()
+                )
+                wide.columns.name = None
+                return wide, f"MLflow run {run_id}"
+            reasons.append(f"MLflow run {run_id} has no training metrics")
+    else:
+        reasons.append("no training run id was given")
+    if history_path and Path(history_path).is_file():
+        table = _read_table(history_path)
+        if "step" in table and len(table):
+            return table.sort_values("step").reset_index(drop=True), str(history_path)
+        reasons.append(f"{history_path} holds no per-step rows")
+    elif history_path:
+        reasons.append(f"{history_path} does not exist")
+    raise MissingInput("no training metrics: " + "; ".join(reasons))
+
+
+def stage_series(history: pd.DataFrame, metric: str) -> dict[str, pd.DataFrame]:
+    """``{stage: frame(step, value)}`` of ``<stage>/<metric>`` for each stage present."""
+    out = {}
+    for stage in STAGES:
+        column = f"{stage}/{metric}"
+        if column in history:
+            part = history[["step", column]].dropna()
+            if len(part):
+                out[stage] = part.rename(columns={column: "value"})
+    return out
+
+
+def _require(history: pd.DataFrame, metric: str) -> dict[str, pd.DataFrame]:
+    series = stage_series(history, metric)
+    if not series:
+        raise MissingInput(f"the training history has no '<stage>/{metric}' metric")
+    return series
+
+
+def _line_plot(ax, series: dict[str, pd.DataFrame], label: str, **style: Any) -> None:
+    for stage, part in series.items():
+        ax.plot(part["step"], part["value"], marker=".", label=f"{label} ({stage})", **style)
+
+
+def reward_figure(history: pd.DataFrame):
+    """Mean reward per step (± one standard deviation), and the correctness part of it."""
+    mean = _require(history, "reward/mean")
+    std = stage_series(history, "reward/std")
+    figure = new_figure()
+    ax = figure.add_subplot(1, 1, 1)
+    for stage, part in mean.items():
+        ax.plot(part["step"], part["value"], marker=".", label=f"mean reward ({stage})")
+        if stage in std:
+            merged = part.merge(std[stage], on="step", suffixes=("", "_std"))
+            ax.fill_between(
+                merged["step"],
+                merged["value"] - merged["value_std"],
+                merged["value"] + merged["value_std"],
+                alpha=0.15,
+            )
+    _line_plot(ax, stage_series(history, "reward/correctness_mean"), "correctness", linestyle="--")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("reward")
+    ax.set_title("Reward per GRPO step (band: ± one standard deviation across rollouts)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def parse_rate_figure(history: pd.DataFrame):
+    """Share of rollouts that were a valid workflow, and the accuracy of those scored."""
+    parse = _require(history, "rollouts/parse_rate")
+    figure = new_figure()
+    ax = figure.add_subplot(1, 1, 1)
+    _line_plot(ax, parse, "parse rate")
+    _line_plot(ax, stage_series(history, "rollouts/accuracy"), "accuracy of scored rollouts")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("share of rollouts")
+    ax.set_title("Workflow parse rate and rollout accuracy")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def worker_usage(history: pd.DataFrame) -> pd.DataFrame:
+    """Per step, the share of workflow steps given to each worker (columns = workers)."""
+    marker = "/workers/share/"
+    columns = [c for c in history.columns if marker in c]
+    if not columns:
+        raise MissingInput("the training history has no '<stage>/workers/share/<worker>' metrics")
+    frames = []
+    for stage in STAGES:
+        picked = [c for c in columns if c.startswith(f"{stage}{marker}")]
+        if not picked:
+            continue
+        part = history[["step", *picked]].dropna(how="all", subset=picked)
+        part = part.rename(columns={c: c.split(marker, 1)[1] for c in picked})
+        frames.append(part)
+    usage = pd.concat(frames, ignore_index=True).groupby("step", as_index=False).last()
+    return usage.fillna(0.0)
+
+
+def worker_usage_figure(history: pd.DataFrame):
+    usage = worker_usage(history)
+    workers = [c for c in usage.columns if c != "step"]
+    figure = new_figure()
+    ax = figure.add_subplot(1, 1, 1)
+    ax.stackplot(
+        usage["step"],
+        *[usage[w] for w in workers],
+        labels=[f"{w} (simulated)" if w.startswith("sim-") else w for w in workers],
+        alpha=0.85,
+    )
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("share of workflow steps")
+    ax.set_title("Which workers the Conductor calls during training")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.tight_layout()
+    return figure
+
+
+def cost_figure(history: pd.DataFrame):
+    """Worker cost per rollout (list price) and steps per workflow."""
+    cost = _require(history, "workflow/cost_usd_mean")
+    figure = new_figure()
+    ax = figure.add_subplot(1, 1, 1)
+    _line_plot(ax, cost, "worker cost per rollout (USD)")
+    list_cost = stage_series(history, "workflow/list_cost_usd_mean")
+    if list_cost:
+        _line_plot(ax, list_cost, "at list price, cache hits included", linestyle=":")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("USD per rollout")
+    steps = stage_series(history, "workflow/steps_mean")
+    if steps:
+        twin = ax.twinx()
+        for stage, part in steps.items():
+            twin.plot(
+                part["step"], part["value"], color="grey", alpha=0.6, label=f"steps ({stage})"
+            )
+        twin.set_ylabel("workflow steps (grey)")
+    ax.set_title("Cost per rollout over training")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    figure.tight_layout()
+    return figure
+
+
+_SUMMARY_METRICS = {
+    "reward/mean": "mean reward",
+    "rollouts/parse_rate": "parse rate",
+    "rollouts/accuracy": "rollout accuracy",
+    "workflow/steps_mean": "steps per workflow",
+    "workflow/cost_usd_mean": "worker cost per rollout (USD)",
+    "rollouts/infra_failure_rate": "infrastructure failure rate",
+}
+
+
+def start_end_table(history: pd.DataFrame) -> pd.DataFrame:
+    """First and last logged value of the headline metrics, per stage."""
+    rows = []
+    for metric, label in _SUMMARY_METRICS.items():
+        for stage, part in stage_series(history, metric).items():
+            rows.append(
+                {
+                    "metric": label,
+                    "stage": stage,
+                    "first step": int(part["step"].iloc[0]),
+                    "first": part["value"].iloc[0],
+                    "last step": int(part["step"].iloc[-1]),
+                    "last": part["value"].iloc[-1],
+                }
+            )
+    if not rows:
+        raise MissingInput("the training history has none of the headline metrics")
+    return pd.DataFrame(rows)
+
+
+def _read_json(path: str | Path | None, what: str) -> dict[str, Any]:
+    if not path:
+        raise MissingInput(f"no {what} path was given")
+    path = Path(path)
+    if not path.is_file():
+        raise MissingInput(f"{what} not found at {path}")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def overview_table(
+    model_version_path: str | Path | None, adapter_info_path: str | Path | None
+) -> pd.DataFrame:
+    """What was trained and registered: version, base model, steps, data and run
+    fingerprints, time per stage."""
+    facts: dict[str, Any] = {}
+    try:
+        version = _read_json(model_version_path, "the registered model version")
+        facts["registered version"] = f"{version.get('name', 'conductor')}/{version.get('version')}"
+        facts["MLflow run"] = version.get("run_id")
+    except MissingInput:
+        pass
+    try:
+        info = _read_json(adapter_info_path, "the adapter info")
+    except MissingInput:
+        info = {}
+    for key in (
+        "base_model",
+        "global_step",
+        "recursion_steps",
+        "data_version",
+        "config_fingerprint",
+        "pool_fingerprint",
+        "run_fingerprint",
+        "resumed_from",
+    ):
+        if key in info:
+            facts[key.replace("_", " ")] = info[key]
+    for key, value in (info.get("dataset") or {}).items():
+        facts[f"dataset: {key}"] = value
+    for key, value in (info.get("seconds") or {}).items():
+        facts[f"seconds: {key}"] = value
+    if info.get("worker_names"):
+        facts["workers"] = ", ".join(info["worker_names"])
+    if not facts:
+        raise MissingInput("neither the registered version nor the adapter info is available")
+    return pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]})
+
+
+def rollout_examples(path: str | Path | None, per_phase: int = 3) -> list[Any]:
+    """Sample workflows from the earliest and the latest logged steps.
+
+    Reads a JSONL file of rollout samples (``step``, ``completion`` or ``workflow_text``,
+    optional ``reward``, ``parsed``, ``question``). Training writes none yet, so this section
+    says so until it does.
+    """
+    if not path or not Path(path).is_file():
+        raise MissingInput(
+            "no rollout samples: the training stage does not save sample completions yet "
+            f"(expected a JSONL file of step/completion/reward records{f' at {path}' if path else ''})"
+        )
+    samples = pd.read_json(path, lines=True)
+    if samples.empty or "step" not in samples:
+        raise MissingInput(f"{path} holds no rollout samples with a step")
+    text_column = next((c for c in ("workflow_text", "completion", "text") if c in samples), None)
+    if text_column is None:
+        raise MissingInput(f"{path}: no completion text column")
+    steps = sorted(samples["step"].unique())
+    early, late = steps[: max(1, len(steps) // 2)], steps[max(1, len(steps) // 2) :] or steps
+    parts: list[Any] = []
+    for title, chosen in (("Early steps", early[:1]), ("Late steps", late[-1:])):
+        rows = samples[samples["step"].isin(chosen)].head(per_phase)
+        parts.append(f"### {title} (step {', '.join(str(int(s)) for s in chosen)})")
+        for row in rows.to_dict(orient="records"):
+            header = []
+            if "reward" in row and pd.notna(row["reward"]):
+                header.append(f"reward {float(row['reward']):.2f}")
+            if "parsed" in row:
+                header.append("parsed" if row["parsed"] else "did not parse")
+            if row.get("question"):
+                header.append(f"question: {str(row['question'])[:160]}")
+            parts.append(
+                f"*{' · '.join(header)}*\n\n```text\n{str(row[text_column]).strip()[:1500]}\n```"
+            )
+    return parts
