@@ -176,3 +176,52 @@ def rollback(*, name: str = REGISTERED_MODEL) -> dict[str, str]:
     client.set_model_version_tag(name, current, "promotion.rolled_back_at", stamp)
     client.set_model_version_tag(name, previous, "promotion.restored_at", stamp)
     return {"from": current, "to": previous}
+
+
+# -- recorded figures ---------------------------------------------------------------------------
+# A version's evaluated figures are kept as a tag on it, so that a later decision (the next
+# challenger, or `conductor promote --version N`) can compare against them without
+# re-evaluating. ``context`` says what they were measured on (test questions, evaluation run).
+FIGURES_TAG = "evaluation.figures"
+
+
+def record_figures(
+    version: str,
+    figures: Figures,
+    context: dict[str, Any] | None = None,
+    *,
+    name: str = REGISTERED_MODEL,
+) -> None:
+    """Tag ``version`` with its evaluated figures (and what they were measured on)."""
+    payload = {**asdict(figures), "context": context or {}}
+    _client().set_model_version_tag(name, str(version), FIGURES_TAG, json.dumps(payload))
+
+
+def recorded_figures(
+    version: str, *, name: str = REGISTERED_MODEL
+) -> tuple[Figures, dict[str, Any]] | None:
+    """The figures recorded for ``version`` and their context: its ``evaluation.figures``
+    tag, else the challenger figures of its last promotion decision; ``None`` if neither."""
+    tags = _client().get_model_version(name, str(version)).tags or {}
+    for key in (FIGURES_TAG, "promotion.figures"):
+        try:
+            data = json.loads(tags.get(key) or "null")
+        except ValueError:
+            continue
+        if key == "promotion.figures" and isinstance(data, dict):
+            data = data.get("challenger")
+        if not isinstance(data, dict):
+            continue
+        try:
+            figures = Figures(
+                accuracy=float(data["accuracy"]),
+                cost_usd_per_q=float(data["cost_usd_per_q"]),
+                parse_rate=float(data["parse_rate"]),
+                n=int(data["n"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+        context = dict(data.get("context") or {})
+        context.setdefault("recorded_in", key)
+        return figures, context
+    return None
