@@ -1,5 +1,5 @@
-"""The ``conductor`` command: ask the Conductor a question, serve the Conductor API, or run the
-sandbox worker server."""
+"""The ``conductor`` command: ask the Conductor a question, serve the Conductor API, run the
+sandbox worker server, or promote / roll back a registered Conductor version."""
 
 from __future__ import annotations
 
@@ -163,6 +163,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return main_error(err)
 
 
+def cmd_promote(args: argparse.Namespace) -> int:
+    """Gate a version (default: the challenger) from recorded figures, or roll back."""
+    from conductor_pipeline import promotion
+
+    if args.rollback:
+        try:
+            moved = promotion.rollback()
+        except LookupError as err:
+            print(f"conductor promote --rollback: {err}", file=sys.stderr)
+            return 1
+        print(f"champion: conductor/{moved['from']} -> conductor/{moved['to']} (rolled back)")
+        return 0
+
+    from conductor_pipeline.pipelines.promotion.nodes import promote_recorded
+    from conductor_pipeline.project import load_project_config
+
+    params = load_project_config(args.env).parameters.get("promotion") or {}
+    try:
+        outcome = promote_recorded(args.version, params)
+    except (LookupError, ValueError) as err:
+        print(f"conductor promote: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(outcome, indent=2, default=str))
+    else:
+        print(f"conductor/{outcome['version']}: {outcome['decision']}")
+        for reason in outcome["reasons"]:
+            print(f"  - {reason}")
+        print(f"champion: {outcome['champion'] or 'none'}, challenger: {outcome['challenger']}")
+    return 0 if outcome["decision"] in ("promoted", "unchanged") else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conductor", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -212,6 +244,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-concurrency", type=int, default=None, help="requests at once; more get 429"
     )
     serve.set_defaults(handler=cmd_serve)
+
+    promote = commands.add_parser(
+        "promote",
+        help="gate a registered version against the champion with recorded figures, or roll back",
+    )
+    which = promote.add_mutually_exclusive_group()
+    which.add_argument(
+        "--version", default=None, help="registry version to gate (default: the challenger)"
+    )
+    which.add_argument(
+        "--rollback",
+        action="store_true",
+        help="give champion back to the version the current champion replaced",
+    )
+    promote.add_argument("--env", default=None, help="configuration environment (the gates)")
+    promote.add_argument("--json", action="store_true", help="print the decision as JSON")
+    promote.set_defaults(handler=cmd_promote)
 
     sandbox = commands.add_parser("sandbox", help="run the sandbox worker server in the foreground")
     sandbox.add_argument("--host", default="127.0.0.1")
