@@ -1,0 +1,242 @@
+"""retraining nodes: a run-level lock, and the questions logged by users as an extra task
+source for data_prep.
+
+The lock makes a scheduled run safe to start while another is still going: the first node
+claims ``retraining.lock.path`` (created exclusively), the last one releases it. A claim
+left behind by a run that died is taken over when its process is gone (same host) or when
+it is older than ``stale_after_s``. Everything between is idempotent: data_prep is seeded,
+training resumes from its run folder, evaluation reuses stored results, and promotion
+records ``unchanged`` when the new version comes from the same training run as the champion.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from conductor_pipeline.paths import project_root
+from conductor_pipeline.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+_KNOWN_KEYS = {"lock", "logged_questions"}
+
+
+class RetrainingLocked(RuntimeError):
+    """Another retraining run holds the lock."""
+
+
+def _settings(params: dict[str, Any]) -> dict[str, Any]:
+    params = dict(params or {})
+    unknown = set(params) - _KNOWN_KEYS
+    if unknown:
+        raise ValueError(
+            f"retraining: unknown key(s) {sorted(unknown)}; expected {sorted(_KNOWN_KEYS)}"
+        )
+    return params
+
+
+def _lock_path(params: dict[str, Any]) -> Path:
+    path = Path((params.get("lock") or {}).get("path") or "data/retraining.lock")
+    return path if path.is_absolute() else project_root() / path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stale(claim: dict[str, Any] | None, stale_after_s: float) -> str | None:
+    """Why an existing claim may be taken over, or ``None`` while it is live."""
+    if not claim:
+        return "the lock file is unreadable"
+    age = time.time() - float(claim.get("started_at") or 0)
+    if age > stale_after_s:
+        return f"it is {age / 3600:.1f} h old (limit {stale_after_s / 3600:.1f} h)"
+    if claim.get("host") == socket.gethostname() and not _alive(int(claim.get("pid") or 0)):
+        return f"its process {claim.get('pid')} is gone"
+    return None
+
+
+def _read_claim(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def acquire_lock(params: dict[str, Any]) -> dict[str, Any]:
+    """Claim the retraining lock; raise :class:`RetrainingLocked` while another run holds it."""
+    params = _settings(params)
+    path = _lock_path(params)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stale_after = float((params.get("lock") or {}).get("stale_after_s") or 43200)
+    claim = {
+        "token": uuid.uuid4().hex,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started_at": time.time(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "path": str(path),
+    }
+    payload = json.dumps(claim).encode()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        held = _read_claim(path)
+        why = _stale(held, stale_after)
+        if why is None:
+            raise RetrainingLocked(
+                f"another retraining run holds {path} (pid {held.get('pid')} on "
+                f"{held.get('host')}, since {held.get('started')}); this run does nothing. "
+                "Delete the file if that run is known to be dead."
+            ) from None
+        logger.warning("retraining: taking over the lock %s: %s", path, why)
+        temporary = path.with_name(f"{path.name}.{claim['token']}")
+        temporary.write_bytes(payload)
+        os.replace(temporary, path)
+        if (_read_claim(path) or {}).get("token") != claim["token"]:
+            raise RetrainingLocked(f"another run took over {path} at the same moment") from None
+    else:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+    logger.info("retraining: lock %s claimed", path)
+    return claim
+
+
+def release_lock(
+    retraining_lock: dict[str, Any],
+    promotion_decision: dict[str, Any],
+    training_report: str,
+    evaluation_report: str,
+    logged_questions_summary: dict[str, Any],
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    """The last node: release the lock (if still ours) and summarise the run."""
+    params = _settings(params)
+    path = _lock_path(params)
+    held = _read_claim(path)
+    if held and held.get("token") == retraining_lock.get("token"):
+        path.unlink(missing_ok=True)
+        released = True
+    else:
+        logger.warning("retraining: %s is no longer ours; left as it is", path)
+        released = False
+    finished = time.time()
+    return {
+        "started": retraining_lock.get("started"),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
+        "seconds": round(finished - float(retraining_lock.get("started_at") or finished), 1),
+        "lock_released": released,
+        "version": promotion_decision.get("version"),
+        "decision": promotion_decision.get("decision"),
+        "champion": promotion_decision.get("champion"),
+        "reasons": promotion_decision.get("reasons"),
+        "reports": {
+            "training_report_bytes": len(training_report or ""),
+            "evaluation_report_bytes": len(evaluation_report or ""),
+        },
+        "logged_questions": logged_questions_summary,
+    }
+
+
+def _logged_task(row: dict[str, Any], defaults: dict[str, Any]) -> Task:
+    question = str(row.get("question") or "")
+    digest = hashlib.sha256(question.strip().encode()).hexdigest()[:12]
+    return Task(
+        id=str(row.get("id") or f"logged/{digest}"),
+        domain=str(row.get("domain") or defaults.get("domain") or "logged"),
+        difficulty=str(row.get("difficulty") or defaults.get("difficulty") or "medium"),
+        question=question,
+        answer=str(row["answer"]),
+        answer_format=str(row["answer_format"]),
+        verifier=str(row["verifier"]),
+        source=str(row.get("source") or "logged"),
+        metadata=dict(row.get("metadata") or {}),
+    )
+
+
+def add_logged_questions(
+    configured_raw_tasks: pd.DataFrame,
+    retraining_lock: dict[str, Any],
+    params: dict[str, Any],
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The configured sources' tasks plus every logged question that carries a reference
+    answer (data_prep then deduplicates, balances and splits them all). Lines without a
+    reference are counted, not used: no reward can be computed for them."""
+    params = _settings(params)
+    options = dict(params.get("logged_questions") or {})
+    patterns = options.get("paths") or []
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    root = project_root()
+    files = sorted(
+        {
+            Path(found)
+            for pattern in patterns
+            for found in glob.glob(str(pattern if Path(pattern).is_absolute() else root / pattern))
+        }
+    )
+    tasks: list[Task] = []
+    summary: dict[str, Any] = {
+        "files": [str(f) for f in files],
+        "lines": 0,
+        "added": 0,
+        "without_reference": 0,
+        "invalid": [],
+        "claim": retraining_lock.get("token"),
+    }
+    for file in files:
+        with file.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                summary["lines"] += 1
+                try:
+                    row = json.loads(line)
+                except ValueError as err:
+                    summary["invalid"].append(f"{file.name}:{number}: not JSON ({err})")
+                    continue
+                if not isinstance(row, dict) or not row.get("question"):
+                    summary["invalid"].append(f"{file.name}:{number}: no question")
+                    continue
+                if not all(row.get(k) for k in ("answer", "answer_format", "verifier")):
+                    summary["without_reference"] += 1
+                    continue
+                try:
+                    tasks.append(_logged_task(row, options))
+                except (ValueError, TypeError) as err:
+                    summary["invalid"].append(f"{file.name}:{number}: {err}")
+    summary["added"] = len(tasks)
+    if summary["invalid"]:
+        logger.warning(
+            "retraining: %d logged question lines skipped: %s",
+            len(summary["invalid"]),
+            "; ".join(summary["invalid"][:5]),
+        )
+    logger.info(
+        "retraining: %d logged questions added from %d files (%d without a reference answer)",
+        summary["added"],
+        len(files),
+        summary["without_reference"],
+    )
+    if not tasks:
+        return configured_raw_tasks, summary
+    logged = pd.DataFrame([t.to_record() for t in tasks], columns=list(Task.__dataclass_fields__))
+    combined = pd.concat([configured_raw_tasks, logged], ignore_index=True)
+    return combined, summary
