@@ -1,0 +1,179 @@
+"""Fixtures for the reports and promotion: a small evaluation (per-question results and the
+tables the evaluation pipeline derives from them), a tiny MLflow store with a training run's
+metric history, and a registry with a few versions of ``conductor``."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+
+from conductor_pipeline.evaluation import (
+    QuestionResult,
+    results_frame,
+    summarise,
+    summarise_by_domain,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+WORKERS = ["sim-sage", "sim-abacus", "sim-coder", "sim-sprout"]
+DOMAINS = ["math", "logic", "code"]
+
+
+def _conductor_detail(question: str, workers: list[str], answer: str) -> dict:
+    steps = [
+        {
+            "index": i,
+            "worker": WORKERS.index(w),
+            "worker_name": w,
+            "subtask": f"Step {i}: work on the question '{question}'",
+            "access": list(range(i)),
+            "response": answer if i == len(workers) - 1 else f"draft {i}",
+            "cost_usd": 0.0004 * (i + 1),
+        }
+        for i, w in enumerate(workers)
+    ]
+    return {"question": question, "answer": answer, "workflow": steps, "worker_names": WORKERS}
+
+
+def make_results(seed: int = 0, n_per_domain: int = 4) -> pd.DataFrame:
+    """Per-question results of conductor, base-policy, two solo workers and the oracle."""
+    rng = random.Random(seed)
+    rows: list[QuestionResult] = []
+    for domain in DOMAINS:
+        for q in range(n_per_domain):
+            qid = f"{domain}/{q}"
+            question = f"A {domain} question number {q}?"
+            for system, skill in (
+                ("conductor", 0.75),
+                ("base-policy", 0.2),
+                ("solo:sim-sage", 0.7),
+                ("solo:sim-sprout", 0.3),
+            ):
+                correct = rng.random() < skill
+                result = QuestionResult(
+                    system=system,
+                    variant="v",
+                    question_id=qid,
+                    split="test",
+                    domain=domain,
+                    difficulty="easy",
+                    correct=correct,
+                    score=float(correct),
+                    answer="42" if correct else "41",
+                    extracted="42" if correct else "41",
+                    verdict="correct" if correct else "wrong",
+                    cost_usd=0.002 if system != "solo:sim-sprout" else 0.0002,
+                    tokens=300,
+                    calls=1,
+                    latency_s=0.4,
+                )
+                if system in ("conductor", "base-policy"):
+                    parse_failure = system == "base-policy" and rng.random() < 0.6
+                    result.parse_failure = parse_failure
+                    if not parse_failure:
+                        chosen = rng.sample(WORKERS, k=rng.randint(1, 3))
+                        result.workers = chosen
+                        result.n_steps = len(chosen)
+                        result.calls = len(chosen)
+                        result.access_pattern = "single" if len(chosen) == 1 else "chain"
+                        result.detail = _conductor_detail(question, chosen, result.answer)
+                    else:
+                        result.correct = False
+                else:
+                    result.workers = [system.split(":", 1)[1]]
+                rows.append(result)
+    oracle = []
+    for qid in sorted({r.question_id for r in rows}):
+        mine = [r for r in rows if r.question_id == qid and r.system.startswith("solo:")]
+        best = QuestionResult(**{**mine[0].to_json(), "system": "oracle"})
+        best.correct = any(r.correct for r in mine)
+        oracle.append(best)
+    return results_frame(rows + oracle)
+
+
+@pytest.fixture
+def evaluation_files(tmp_path) -> dict[str, Path]:
+    """The evaluation pipeline's files for the small fixture evaluation of conductor/1."""
+    folder = tmp_path / "evaluation"
+    folder.mkdir()
+    results = make_results()
+    paths = {
+        "summary": folder / "evaluation_summary.csv",
+        "by_domain": folder / "evaluation_summary_by_domain.csv",
+        "results": folder / "evaluation_results.parquet",
+        "run_info": folder / "evaluation_run_info.json",
+    }
+    summarise(results, samples=200).to_csv(paths["summary"], index=False)
+    summarise_by_domain(results, samples=200).to_csv(paths["by_domain"], index=False)
+    results.to_parquet(paths["results"], index=False)
+    paths["run_info"].write_text(
+        json.dumps(
+            {
+                "conductor": "models:/conductor/1 (version 1)",
+                "conductor_variant": "conductor/1",
+                "conductor_is_base_policy": False,
+            }
+        )
+    )
+    return paths
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, monkeypatch) -> str:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+@pytest.fixture
+def training_run(tracking_uri, tmp_path) -> str:
+    """An MLflow run with a GRPO metric history as training logs it (8 steps)."""
+    experiment = mlflow.create_experiment("training", artifact_location=str(tmp_path / "art"))
+    with mlflow.start_run(experiment_id=experiment) as run:
+        for step in range(1, 9):
+            share = min(0.1 * step, 0.7)
+            mlflow.log_metrics(
+                {
+                    "grpo/reward/mean": 0.2 + 0.08 * step,
+                    "grpo/reward/std": 0.1,
+                    "grpo/reward/correctness_mean": 0.15 + 0.08 * step,
+                    "grpo/rollouts/parse_rate": min(0.3 + 0.1 * step, 1.0),
+                    "grpo/rollouts/accuracy": 0.3 + 0.05 * step,
+                    "grpo/workflow/cost_usd_mean": 0.001 + 0.0001 * step,
+                    "grpo/workflow/steps_mean": 1 + 0.1 * step,
+                    "grpo/workers/share/sim-sage": share,
+                    "grpo/workers/share/sim-sprout": 1 - share,
+                    "grpo/loss": 0.5 / step,
+                    # not training metrics: left out of the report
+                    "eval.conductor.accuracy": 0.5,
+                },
+                step=step,
+            )
+    return run.info.run_id
+
+
+@pytest.fixture
+def registry(tracking_uri, tmp_path) -> list[str]:
+    """Three versions of `conductor` (fake adapters), each tagged with its run fingerprint."""
+    experiment = mlflow.create_experiment("promotion", artifact_location=str(tmp_path / "reg"))
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("conductor")
+    versions = []
+    for i in range(3):
+        with mlflow.start_run(experiment_id=experiment) as run:
+            mlflow.log_artifacts(str(adapter), "adapter")
+        created = client.create_model_version(
+            "conductor", f"{run.info.artifact_uri}/adapter", run_id=run.info.run_id
+        )
+        client.set_model_version_tag("conductor", created.version, "run_fingerprint", f"fp{i}")
+        versions.append(str(created.version))
+    return versions
