@@ -1,0 +1,44 @@
+"""Fixtures: prepared task files and a sandbox pool configuration without the real model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from .fakes import make_tasks
+
+REPO = Path(__file__).resolve().parents[2]
+SANDBOX_WORKERS = ["sim-sage", "sim-abacus", "sim-coder", "sim-sprout"]
+
+
+def write_tasks(path: Path, tasks) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([t.to_record() for t in tasks]).to_parquet(path)
+    return path
+
+
+def sandbox_pool_config(task_paths, cache_mode: str = "read_write") -> dict:
+    return {
+        "kind": "sandbox",
+        "cache": {"path": "data/03_primary/response_cache.sqlite", "mode": cache_mode},
+        "sandbox": {
+            "profiles": str(REPO / "conf/base/sandbox_workers.yml"),
+            "workers": list(SANDBOX_WORKERS),
+            "seed": 0,
+            "latency_scale": 0.0,
+            "load_real_model": False,
+            "tasks": [str(p) for p in task_paths],
+        },
+    }
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """Test and validation task files for the sandbox (2 domains)."""
+    test = write_tasks(tmp_path / "data/05_model_input/test_tasks.parquet", make_tasks(3))
+    validation = write_tasks(
+        tmp_path / "data/05_model_input/validation_tasks.parquet", make_tasks(2, "validation")
+    )
+    return tmp_path, test, validation

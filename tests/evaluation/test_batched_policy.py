@@ -1,0 +1,112 @@
+"""LocalPolicy.complete_many: batched generation that keeps each row's seed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from conductor_pipeline.evaluation import BatchingPolicy
+from conductor_pipeline.workflow import LocalPolicy
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    from conductor_pipeline.workers.local_model import (
+        _cache_complete,
+        default_cache_dir,
+        smollm2_gguf_path,
+    )
+
+    cache = default_cache_dir()
+    if _cache_complete(cache):
+        tokenizer = AutoTokenizer.from_pretrained(cache)
+    else:
+        gguf = smollm2_gguf_path()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    folder = tmp_path_factory.mktemp("tiny")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Plan a workflow for: what is 2 + 2?"}],
+    [
+        {"role": "system", "content": "You coordinate workers."},
+        {
+            "role": "user",
+            "content": "A much longer question, so that the batch needs padding: " * 4,
+        },
+    ],
+    [{"role": "user", "content": "Prefilled."}, {"role": "assistant", "content": "model_id = ["}],
+]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batched_rows_equal_one_at_a_time_and_ignore_their_batch(tiny_model, temperature):
+    policy = LocalPolicy(model_dir=tiny_model)
+    seeds = [11, 12, 13]
+
+    async def go():
+        single = [
+            await policy.complete(c, temperature=temperature, max_tokens=12, seed=s)
+            for c, s in zip(CONVERSATIONS, seeds, strict=True)
+        ]
+        batch = await policy.complete_many(
+            CONVERSATIONS, temperature=temperature, max_tokens=12, seeds=seeds
+        )
+        alone = await policy.complete_many(
+            CONVERSATIONS[1:2], temperature=temperature, max_tokens=12, seeds=seeds[1:2]
+        )
+        return single, batch, alone
+
+    single, batch, alone = asyncio.run(go())
+    assert [c.text for c in batch] == [c.text for c in single]
+    assert [c.prompt_tokens for c in batch] == [c.prompt_tokens for c in single]
+    assert [c.completion_tokens for c in batch] == [c.completion_tokens for c in single]
+    assert alone[0].text == batch[1].text
+    with pytest.raises(ValueError, match="one seed"):
+        asyncio.run(policy.complete_many(CONVERSATIONS, temperature=0.0, max_tokens=4, seeds=[1]))
+
+
+def test_batching_wrapper_groups_concurrent_requests(tiny_model):
+    policy = BatchingPolicy(LocalPolicy(model_dir=tiny_model), max_batch=2, wait_s=0.05)
+
+    async def go():
+        return await asyncio.gather(
+            *(
+                policy.complete(c, temperature=1.0, max_tokens=6, seed=i)
+                for i, c in enumerate(CONVERSATIONS)
+            )
+        )
+
+    out = asyncio.run(go())
+    assert len(out) == 3 and sorted(policy.batches) == [1, 2]

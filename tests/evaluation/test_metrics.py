@@ -1,0 +1,142 @@
+"""Metrics on a hand-made results table: accuracy, bootstrap bounds, costs, failures, McNemar."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from conductor_pipeline.evaluation import (
+    CONTRACT_COLUMNS,
+    QuestionResult,
+    bootstrap_ci,
+    mcnemar_exact,
+    mlflow_metrics,
+    pareto_front,
+    results_frame,
+    summarise,
+    summarise_by_domain,
+)
+
+
+def row(system, q, correct, *, cost=0.01, tokens=100, calls=1, latency=1.0, **extra):
+    return QuestionResult(
+        system=system,
+        variant="v",
+        question_id=f"q{q}",
+        split="test",
+        domain="math" if q % 2 == 0 else "logic",
+        difficulty="easy",
+        correct=correct,
+        cost_usd=cost,
+        tokens=tokens,
+        calls=calls,
+        latency_s=latency,
+        **extra,
+    )
+
+
+@pytest.fixture
+def table() -> pd.DataFrame:
+    rows = []
+    # conductor: 8/10 right, q9 a parse failure, q8 touched by an infrastructure failure
+    for q in range(10):
+        rows.append(
+            row(
+                "conductor",
+                q,
+                q < 8,
+                cost=0.02,
+                tokens=300,
+                calls=2,
+                latency=float(q + 1),
+                parse_failure=q == 9,
+                infra_failure=q == 8,
+                failed_calls=1 if q == 8 else 0,
+                n_steps=None if q == 9 else 2,
+                access_pattern=None if q == 9 else ("chain" if q < 6 else "independent"),
+                workers=["sim-a", "real-b"] if q != 9 else [],
+                policy="scripted v1",
+            )
+        )
+    # a solo worker: right on q0-q2 only, cheaper
+    for q in range(10):
+        rows.append(row("solo:sim-a", q, q < 3, cost=0.001, tokens=50, workers=["sim-a"]))
+    return results_frame(rows)
+
+
+def test_contract_columns_first_and_known_values(table):
+    summary = summarise(table, samples=1000, seed=1)
+    assert list(summary.columns[: len(CONTRACT_COLUMNS)]) == CONTRACT_COLUMNS
+    assert summary["system"].tolist() == ["conductor", "solo:sim-a"]
+    c = summary.set_index("system").loc["conductor"]
+    assert c["n"] == 10  # failures are never dropped
+    assert c["accuracy"] == pytest.approx(0.8)
+    assert c["cost_usd_per_q"] == pytest.approx(0.02)
+    assert c["tokens_per_q"] == pytest.approx(300)
+    assert c["calls_per_q"] == pytest.approx(2)
+    assert c["latency_p50_s"] == pytest.approx(5.5)
+    assert c["latency_p95_s"] == pytest.approx(9.55)
+    assert c["infra_failures"] == 1
+    assert c["parse_failures"] == 1
+    assert c["steps_per_workflow"] == pytest.approx(2)
+    assert c["pattern_chain"] == pytest.approx(6 / 9)
+    assert c["pattern_independent"] == pytest.approx(3 / 9)
+    assert c["usage_sim-a"] == pytest.approx(0.5)
+    assert c["simulated_call_share"] == pytest.approx(0.5)
+    assert c["policy"] == "scripted v1"
+    assert bool(c["simulated_pool"])
+    assert math.isnan(c["p_value_vs_conductor"])
+    # CI bounds: inside [0, 1], around the estimate, width of a 10-question interval
+    assert 0.4 <= c["ci_low"] <= 0.7 < 0.8 < 0.9 <= c["ci_high"] <= 1.0
+    s = summary.set_index("system").loc["solo:sim-a"]
+    assert s["accuracy"] == pytest.approx(0.3)
+    # discordant pairs: conductor-only right on q3..q7 (5), solo-only right on none
+    assert s["p_value_vs_conductor"] == pytest.approx(2 * (1 / 2**5))
+    assert s["accuracy_delta_vs_conductor"] == pytest.approx(-0.5)
+
+
+def test_bootstrap_is_seeded_and_sensible():
+    outcomes = [True] * 70 + [False] * 30
+    first = bootstrap_ci(outcomes, samples=2000, seed=7)
+    assert first == bootstrap_ci(outcomes, samples=2000, seed=7)
+    low, high = first
+    # the normal approximation gives 0.61 .. 0.79
+    assert 0.58 <= low <= 0.64 and 0.76 <= high <= 0.82
+    assert bootstrap_ci([True] * 5, seed=0) == (1.0, 1.0)
+    assert all(math.isnan(v) for v in bootstrap_ci([], seed=0))
+
+
+def test_mcnemar_exact_on_known_tables():
+    # 10 pairs only A got right, 2 only B: p = 2 * P(X <= 2 | n=12, 1/2) = 158 / 4096
+    a = [True] * 10 + [False] * 2 + [True] * 5 + [False] * 3
+    b = [False] * 10 + [True] * 2 + [True] * 5 + [False] * 3
+    assert mcnemar_exact(a, b) == pytest.approx(158 / 4096)
+    assert mcnemar_exact(b, a) == pytest.approx(158 / 4096)
+    assert mcnemar_exact([True, False], [True, False]) == 1.0
+    assert mcnemar_exact([True] * 3 + [False] * 3, [False] * 3 + [True] * 3) == 1.0
+    with pytest.raises(ValueError):
+        mcnemar_exact([True], [True, False])
+
+
+def test_per_domain_summary_and_metrics_and_front(table):
+    by_domain = summarise_by_domain(table, samples=500)
+    assert set(by_domain["domain"]) == {"math", "logic"}
+    assert by_domain.groupby("system")["n"].sum().to_dict() == {"conductor": 10, "solo:sim-a": 10}
+    summary = summarise(table, samples=500)
+    metrics = mlflow_metrics(summary)
+    assert metrics["conductor.accuracy"] == {"value": pytest.approx(0.8), "step": 0}
+    assert "solo:sim-a.p_value_vs_conductor" in metrics
+    assert metrics["conductor.n"]["value"] == 10
+    plus = summary.assign(system=["conductor+recursion", "solo:sim-a"])
+    assert "conductor_recursion.accuracy" in mlflow_metrics(plus)
+    # cheaper-and-worse and dearer-and-better are both on the front; the oracle never is
+    front_table = pd.DataFrame(
+        {
+            "system": ["a", "b", "c", "oracle"],
+            "accuracy": [0.3, 0.8, 0.5, 1.0],
+            "cost_usd_per_q": [0.001, 0.02, 0.05, 0.001],
+        }
+    )
+    assert pareto_front(front_table) == ["a", "b"]
