@@ -1,0 +1,145 @@
+"""End to end: `kedro run --pipelines evaluation` in a copy of the project, against the real
+sandbox server, with a scripted Conductor instead of SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import pandas as pd
+import pytest
+import yaml
+
+from conductor_pipeline.evaluation import CONTRACT_COLUMNS, PolicyUnderTest
+
+from .conftest import REPO, SANDBOX_WORKERS, write_tasks
+from .fakes import ScriptedConductor, make_tasks
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
+    (root / "conf" / "local").mkdir()
+    (root / "src").mkdir()
+    for split, n in (("train", 2), ("validation", 2), ("test", 3)):
+        write_tasks(root / f"data/05_model_input/{split}_tasks.parquet", make_tasks(n, split))
+    local = root / "conf" / "local"
+    workers = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())
+    workers["worker_pool"]["sandbox"].update(
+        workers=SANDBOX_WORKERS, load_real_model=False, latency_scale=0.0
+    )
+    (local / "workers.yml").write_text(yaml.safe_dump(workers))
+    (local / "parameters_evaluation.yml").write_text(
+        yaml.safe_dump(
+            {"evaluation": {"test_per_domain": 3, "validation_per_domain": 2, "trace_sample": 2}}
+        )
+    )
+    monkeypatch.delenv("CONDUCTOR_PROJECT_ROOT", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(root)
+    return root
+
+
+def _run(root):
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    bootstrap_project(root)
+    with KedroSession.create(project_path=root) as session:
+        session.run(pipeline_names=["evaluation"])
+
+
+@pytest.mark.slow
+def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
+    project, monkeypatch, capsys
+):
+    from conductor_pipeline.pipelines.evaluation import nodes
+
+    def scripted(conductor_params, config, candidate=None):
+        policy = ScriptedConductor(math_worker=1, two_steps=True)
+        return (
+            PolicyUnderTest(policy, "scripted-v1", "scripted test conductor"),
+            PolicyUnderTest(ScriptedConductor(math_worker=3), "scripted-base", "scripted base"),
+        )
+
+    monkeypatch.setattr(nodes, "build_policies", scripted)
+    _run(project)
+
+    summary = pd.read_csv(project / "data/08_reporting/evaluation_summary.csv")
+    assert list(summary.columns[: len(CONTRACT_COLUMNS)]) == CONTRACT_COLUMNS
+    expected = {
+        "conductor",
+        "conductor+recursion",
+        "base-policy",
+        *(f"solo:{w}" for w in SANDBOX_WORKERS),
+        "moa",
+        "random-workflow",
+        "best-of-n:sim-sage",
+        "router",
+        "oracle",
+    }
+    assert set(summary["system"]) == expected
+    assert (summary["n"] == 6).all()
+    assert summary["simulated_pool"].all()
+    assert "p_value_vs_conductor" in summary.columns
+    by_domain = pd.read_csv(project / "data/08_reporting/evaluation_summary_by_domain.csv")
+    assert set(by_domain["domain"]) == {"math", "logic"}
+    per_question = pd.read_parquet(project / "data/08_reporting/evaluation_results.parquet")
+    record = json.loads(per_question[per_question["system"] == "conductor"]["detail"].iloc[0])
+    assert record["workflow"] and record["conductor_calls"]
+    assert (project / "data/08_reporting/evaluation_pareto.png").stat().st_size > 10_000
+    assert (project / "data/07_model_output/evaluation/results.jsonl").is_file()
+    printed = capsys.readouterr().out
+    assert "Evaluation summary" in printed and "best-of-n:sim-sage" in printed
+
+    db = project / "mlruns" / "mlflow.db"
+    with sqlite3.connect(db) as conn:
+        metrics = dict(conn.execute("SELECT key, value FROM metrics").fetchall())
+        params = {k for (k,) in conn.execute("SELECT key FROM params").fetchall()}
+        traces = conn.execute("SELECT COUNT(*) FROM trace_info").fetchone()[0]
+    assert metrics["eval.conductor.accuracy"] == pytest.approx(
+        summary.set_index("system").loc["conductor", "accuracy"]
+    )
+    assert "eval.conductor_recursion.accuracy" in metrics
+    assert "eval.solo:sim-sage.p_value_vs_conductor" in metrics
+    assert "evaluation.test_per_domain" in params
+    assert not any("credential" in p or "api_key" in p for p in params)
+    assert traces == 2
+    artifacts = {p.name for p in (project / "mlruns").rglob("*") if p.is_file()}
+    assert {
+        "evaluation_summary.csv",
+        "evaluation_pareto.png",
+        "evaluation_results.parquet",
+    } <= artifacts
+
+    # a second run reuses every stored pair
+    _run(project)
+    info = json.loads((project / "data/08_reporting/evaluation_run_info.json").read_text())
+    assert info["pairs_run"] == 0
+
+
+def test_benchmark_questions_come_from_the_loaders_without_training_overlap():
+    from conductor_pipeline.evaluation import EvaluationConfig
+    from conductor_pipeline.pipelines.evaluation.nodes import evaluation_questions
+    from conductor_pipeline.tasks.sources import load_source
+
+    fixtures = REPO / "tests/fixtures/benchmarks"
+    names = ["math500", "mmlu", "aime25", "gpqa_diamond"]
+    config = EvaluationConfig.from_params(
+        {
+            "benchmarks": {n: {"data_files": str(fixtures / f"{n}.jsonl")} for n in names},
+            "report_by": "source",
+            "test_per_domain": 2,
+        }
+    )
+    trained = load_source("math500", data_files=str(fixtures / "math500.jsonl"))[:4]
+    train = pd.DataFrame([t.to_record() for t in trained])
+    empty = train.iloc[:0]
+    questions = evaluation_questions(config, empty, train, empty)
+    by_source = pd.Series([t.source for t in questions]).value_counts().to_dict()
+    assert by_source == {"math500": 1, "mmlu": 2, "aime25": 2, "gpqa_diamond": 2}
+    assert not {t.question for t in questions} & {t.question for t in trained}
