@@ -87,10 +87,14 @@ class _Progress:
     def __init__(self, total: int, done: int, enabled: bool):
         self.bar = None
         if enabled:
+            import sys
+
             from tqdm.auto import tqdm
 
+            # in a log file (not a terminal) a line every 30 s is enough
+            interval = 1.0 if sys.stderr.isatty() else 30.0
             self.bar = tqdm(
-                total=total, initial=done, desc="evaluation", unit="pair", mininterval=1.0
+                total=total, initial=done, desc="evaluation", unit="pair", mininterval=interval
             )
 
     def tick(self, system: str) -> None:
@@ -128,12 +132,15 @@ class _Runner:
         return list(await asyncio.gather(*(one(t) for t in tasks)))
 
     async def run_interleaved(
-        self, systems: Sequence[System], tasks: Sequence[Task], split: str, limit: asyncio.Semaphore
+        self, systems: Sequence[System], tasks: Sequence[Task], split: str, in_flight: int
     ) -> dict[str, list[QuestionResult]]:
-        """Question-major order, so systems sharing samples run them at the same time."""
+        """Question-major order, so systems sharing samples run them at the same time; each
+        system has ``in_flight`` questions open (a batch can only hold what is waiting)."""
         out: dict[str, list[QuestionResult]] = {s.name: [] for s in systems}
+        limits = {s.name: asyncio.Semaphore(in_flight) for s in systems}
 
         async def one(system: System, task: Task) -> None:
+            limit = limits[system.name]
             out[system.name].append((await self.run_pairs(system, [task], split, limit))[0])
 
         await asyncio.gather(*(one(s, t) for t in tasks for s in systems))
@@ -242,7 +249,6 @@ async def evaluate(
     already = len(store)
     bar = _Progress(total, 0, progress)
     runner = _Runner(store, bar)
-    policy_limit = asyncio.Semaphore(config.conductor.in_flight)
     worker_limit = asyncio.Semaphore(config.concurrency)
     results: dict[str, list[QuestionResult]] = {}
     validation_results: dict[str, list[QuestionResult]] = {}
@@ -250,7 +256,9 @@ async def evaluate(
     async def conductor_phase() -> None:
         if conductor_systems:
             results.update(
-                await runner.run_interleaved(conductor_systems, test_tasks, "test", policy_limit)
+                await runner.run_interleaved(
+                    conductor_systems, test_tasks, "test", config.conductor.in_flight
+                )
             )
 
     async def worker_phase() -> None:

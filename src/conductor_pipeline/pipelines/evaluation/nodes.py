@@ -60,9 +60,10 @@ def build_policies(
     The Conductor is ``evaluation.conductor.adapter`` when set (it must then resolve), else
     ``candidate`` (the version training just registered, in the default pipeline; it must
     resolve too), else ``conductor.policy.adapter`` (default ``models:/conductor@champion``,
-    which may not exist yet). While nothing is
-    registered, the base policy is evaluated under the name ``conductor`` and its label says
-    so; it is then the same model object as ``base-policy``, so it is sampled once.
+    which may not exist yet). While nothing is registered, the base policy is evaluated
+    under the name ``conductor`` and its label says so; it is then the same model object as
+    ``base-policy``, so it is sampled once. ``conductor.policy.kind: scripted`` evaluates the
+    fixed rule under the name ``conductor``, labelled as such.
     """
     from conductor_pipeline.serving.models import resolve_served_model
     from conductor_pipeline.workflow.config import build_policy
@@ -77,6 +78,18 @@ def build_policies(
     base_id = "base:" + fingerprint({k: v for k, v in base_params.items() if k != "api_key_env"})
     base_label = f"untrained base policy ({base_params.get('model_dir') or base_params.get('model') or 'SmolLM2-135M-Instruct'})"
 
+    if kind == "scripted":
+        worker = policy_params.get("worker", 0)
+        rule = PolicyUnderTest(
+            build_policy(policy_params),
+            f"scripted:{worker}",
+            f"SCRIPTED RULE (every question to worker {worker}; not a trained Conductor)",
+        )
+        wants_base = bool(config.base_policy) and base_params.get("kind") != "scripted"
+        base = (
+            PolicyUnderTest(build_policy(base_params), base_id, base_label) if wants_base else None
+        )
+        return rule, base
     if served.adapter_dir is None and kind == "local":
         base = build_policy(base_params, adapter_dir=None)
         note = (
