@@ -44,7 +44,6 @@ def run_info(version: str) -> dict:
 
 def promote(version: str, table: pd.DataFrame, info=None, questions=None, params=PARAMS):
     return promote_challenger(
-        {"name": "conductor", "version": version},
         table,
         info if info is not None else run_info(version),
         results() if questions is None else questions,
@@ -96,12 +95,13 @@ def test_first_version_needs_the_parse_rate_floor_then_better_wins_and_worse_is_
     assert metrics["promoted"]["value"] == 0.0 and metrics["challenger.accuracy"]["value"] == 0.4
 
 
-def test_figures_of_another_model_are_never_attributed_to_the_challenger(registry):
+def test_an_evaluation_of_something_unregistered_promotes_nothing(registry):
     first = registry[0]
     decision = promote(first, summary(0.9), info={"conductor_variant": "base:abc"})
-    assert decision["decision"] == "refused" and decision["champion"] is None
-    assert "measured base:abc" in tags(first)["promotion.reason"]
-    assert promotion.current_versions()["challenger"] == first
+    assert decision["decision"] == "skipped" and decision["version"] is None
+    assert "measured base:abc" in decision["reasons"][0]
+    assert promotion.current_versions() == {"champion": None, "challenger": None}
+    assert "promotion.decision" not in tags(first)
 
 
 def test_champion_row_of_the_evaluation_is_preferred_and_other_test_questions_are_flagged(

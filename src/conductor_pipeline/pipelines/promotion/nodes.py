@@ -1,13 +1,14 @@
-"""promotion nodes: the newly registered version becomes ``challenger``, is gated against
-the ``champion`` with the evaluation's figures, and the decision is written on the version
-(and, when it passes, ``champion`` moves to it). The gate logic is
-``conductor_pipeline.promotion``; this module finds the figures.
+"""promotion nodes: the version the evaluation measured becomes ``challenger``, is gated
+against the ``champion`` with the evaluation's figures, and the decision is written on the
+version (and, when it passes, ``champion`` moves to it). The gate logic is
+``conductor_pipeline.promotion``; this module finds the version and the figures.
 
 Where the figures come from:
 
-- the challenger: the ``conductor`` row of the evaluation summary, but only when the
-  evaluation run info says that row measured this very version (``conductor/<version>``);
-  otherwise the version is refused, with the reason;
+- the challenger: the ``conductor`` row of the evaluation summary; the evaluation run info
+  names the version it measured (``conductor/<version>``; in the default and retraining
+  pipelines the version training just registered). An evaluation of anything else (the base
+  policy, an adapter folder) promotes nothing;
 - the champion: a summary row named ``promotion.champion_system`` when the evaluation
   evaluated the champion alongside, else the figures recorded on the champion version when
   it was evaluated (``evaluation.figures`` tag) — the decision's reasons say which, and
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import re
 import time
 from typing import Any
 
@@ -149,35 +151,54 @@ def champion_figures(
     )
 
 
+def evaluated_version(evaluation_run_info: dict[str, Any]) -> str | None:
+    """The registry version the evaluation measured as ``conductor`` (``conductor/<N>``),
+    or ``None`` when it measured something else (the base policy, a folder, an endpoint)."""
+    variant = str((evaluation_run_info or {}).get("conductor_variant") or "")
+    match = re.fullmatch(rf"{promotion.REGISTERED_MODEL}/(\d+)", variant)
+    return match.group(1) if match else None
+
+
 def promote_challenger(
-    conductor_model_version: dict[str, Any],
     evaluation_summary: pd.DataFrame,
     evaluation_run_info: dict[str, Any],
     evaluation_results: pd.DataFrame,
     params: dict[str, Any],
 ) -> dict[str, Any]:
-    """Mark the new version ``challenger``, gate it against the champion, record the
-    decision on the version (``promotion.*`` tags), move ``champion`` if it passed.
-    Returns the decision record shown in the evaluation report."""
+    """Mark the version the evaluation measured ``challenger`` (in the default and retraining
+    pipelines: the version training just registered), gate it against the champion, record
+    the decision on the version (``promotion.*`` tags), move ``champion`` if it passed.
+    Returns the decision record shown in the evaluation report.
+
+    The version comes from the evaluation run info rather than from training's output, so
+    the figures are always those of the version decided on, and ``kedro run --pipelines
+    promotion`` decides on whatever the last evaluation measured."""
     gates, champion_system, require_same = _settings(params)
-    version = str(conductor_model_version["version"])
+    version = evaluated_version(evaluation_run_info)
     before = promotion.current_versions()
     champion = before[promotion.CHAMPION]
+    if version is None:
+        variant = (evaluation_run_info or {}).get("conductor_variant") or "nothing named"
+        reason = (
+            f"nothing to promote: the evaluation measured {variant} as 'conductor', not a "
+            f"registered version of {promotion.REGISTERED_MODEL}"
+        )
+        logger.warning("promotion: %s", reason)
+        return {
+            "version": None,
+            "decision": "skipped",
+            "promote": False,
+            "reasons": [reason],
+            "champion": champion,
+            "challenger": before[promotion.CHALLENGER],
+            "previous_champion": champion,
+            "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
     if champion == version:
         reasons = [f"conductor/{version} is already the champion; nothing to decide"]
         return _outcome(version, "unchanged", reasons, previous_champion=champion)
     promotion.mark_challenger(version)
-
-    variant = str((evaluation_run_info or {}).get("conductor_variant") or "")
-    if variant != f"conductor/{version}":
-        reason = (
-            f"no figures for conductor/{version}: the evaluation measured "
-            f"{variant or 'an unnamed Conductor'} as 'conductor', not this version; "
-            "evaluate this version before promoting it"
-        )
-        _tag_version(version, "refused", reason)
-        logger.warning("promotion: %s", reason)
-        return _outcome(version, "refused", [reason], previous_champion=champion, gates=vars(gates))
+    variant = f"conductor/{version}"
 
     results = evaluation_results if isinstance(evaluation_results, pd.DataFrame) else None
     challenger = figures_from_summary(evaluation_summary, "conductor", results)

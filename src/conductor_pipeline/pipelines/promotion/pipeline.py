@@ -1,5 +1,6 @@
-"""promotion: the newly registered version → challenger → gates against the champion on the
-evaluation's figures → decision tags on the version, champion alias moved if it passed."""
+"""promotion: the version the evaluation measured (in the default loop: the one training just
+registered) → challenger → gates against the champion on the evaluation's figures → decision
+tags on the version, champion alias moved if it passed."""
 
 from kedro.pipeline import Node, Pipeline
 
@@ -12,7 +13,6 @@ def create_pipeline(**kwargs) -> Pipeline:
             Node(
                 promote_challenger,
                 [
-                    "conductor_model_version",
                     "evaluation_summary",
                     "evaluation_run_info",
                     "evaluation_results",
