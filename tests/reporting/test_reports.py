@@ -135,7 +135,7 @@ def test_evaluation_report_without_a_summary_fails_the_node_with_the_cells_error
     tmp_path, tracking_uri
 ):
     with pytest.raises(
-        ReportFailed, match=r"cell \d+.*MissingInput: no path was given for the evaluation summary"
+        ReportFailed, match=r"cell \d+.*MissingInput: The evaluation summary is not available"
     ) as failure:
         render_evaluation_report(None, None, None, {}, {}, _params(tmp_path))
     partial = tmp_path / "reports" / "evaluation_report.failed.ipynb"

@@ -25,7 +25,7 @@ PATTERNS = ("single", "chain", "independent", "tree")
 
 def _need(path: str | Path | None, what: str) -> Path:
     if not path:
-        raise MissingInput(f"no path was given for {what}")
+        raise MissingInput(f"{what[0].upper()}{what[1:]} is not available (no path was given)")
     path = Path(path)
     if not path.is_file():
         raise MissingInput(f"{what} not found at {path}")
