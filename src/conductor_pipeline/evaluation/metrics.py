@@ -232,8 +232,9 @@ def summarise_by_domain(
     split: str | None = "test",
     by: str = "domain",
 ) -> pd.DataFrame:
-    """One row per (domain, system), the same columns as :func:`summarise` after ``domain``
-    (``by="source"``: per benchmark, in a ``source`` column)."""
+    """One row per (domain, system), the same columns as :func:`summarise` after ``domain``.
+    ``by="source"`` groups by benchmark instead; the group is still in the ``domain`` column,
+    so that readers of the table need not know how it was grouped."""
     frame = results if split is None else results[results["split"] == split]
     parts = []
     for domain in sorted(frame[by].unique()):
@@ -244,10 +245,10 @@ def summarise_by_domain(
             seed=seed,
             scope=domain,
         )
-        part.insert(0, by, domain)
+        part.insert(0, "domain", domain)
         parts.append(part)
     if not parts:
-        return pd.DataFrame(columns=[by, *CONTRACT_COLUMNS])
+        return pd.DataFrame(columns=["domain", *CONTRACT_COLUMNS])
     return pd.concat(parts, ignore_index=True)
 
 
