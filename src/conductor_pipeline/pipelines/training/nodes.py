@@ -1,0 +1,134 @@
+"""training nodes: thin wrappers around ``conductor_pipeline.training``.
+
+Only ``train_conductor`` takes parameters (``params:training``), so kedro-mlflow logs the
+training parameters once; worker configurations never pass through ``params:``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+
+from conductor_pipeline.tasks import Task
+from conductor_pipeline.training.configs import TrainingConfig
+from conductor_pipeline.training.grpo import PoolInfo, train_conductor
+
+logger = logging.getLogger(__name__)
+
+REGISTERED_MODEL = "conductor"
+# What the registered pyfunc model needs at load time (torch/transformers pinned as in
+# pyproject; without explicit requirements MLflow tries to infer them and fails).
+PIP_REQUIREMENTS = ["torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "conductor-pipeline"]
+
+
+def open_pool(tasks: list[Task]) -> AbstractContextManager[Any]:
+    """The configured worker pool (the sandbox server is started when it is the sandbox)."""
+    from conductor_pipeline.workers.runtime import open_worker_pool
+
+    return open_worker_pool(tasks=tasks)
+
+
+def log_metrics_to_mlflow(metrics: dict[str, float], step: int) -> None:
+    """``mlflow.log_metrics`` into the active (kedro-mlflow) run; a no-op without one."""
+    if mlflow.active_run() is None:
+        return
+    clean = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+    if clean:
+        mlflow.log_metrics(clean, step=int(step))
+
+
+def _tasks(frame: pd.DataFrame) -> list[Task]:
+    return [Task.from_record(row) for row in frame.to_dict(orient="records")]
+
+
+def train_conductor_node(
+    train_tasks: pd.DataFrame, params: dict[str, Any]
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """SFT warm start (optional) + GRPO (+ recursion stage) on the train split.
+
+    Returns the adapter info (where the adapter is, fingerprints, timings) and the per-step
+    metrics history; per-step metrics also go live to the MLflow run.
+    """
+    config = TrainingConfig.from_params(params)
+    tasks = _tasks(train_tasks)
+    with open_pool(tasks) as pool:
+        result = train_conductor(
+            tasks, PoolInfo.from_pool(pool), config, log_metrics=log_metrics_to_mlflow
+        )
+    info = result.to_dict()
+    log_metrics_to_mlflow(
+        {f"training/seconds_{k}": v for k, v in result.seconds.items()}
+        | {"training/prompts": float(result.dataset["n_prompts"])},
+        result.global_step,
+    )
+    logger.info(
+        "trained %d GRPO steps in %.0f s; adapter at %s",
+        result.global_step,
+        result.seconds.get("total", 0.0),
+        result.adapter_dir,
+    )
+    return info, pd.DataFrame(result.history)
+
+
+def register_conductor(adapter_info: dict[str, Any]) -> dict[str, Any]:
+    """Log the adapter as an ``mlflow.pyfunc`` model and register a new ``conductor`` version.
+
+    Version tags: base model, pool fingerprint (worker names and prices), data version
+    (hash of the train split), config fingerprint, run fingerprint.
+    """
+    from mlflow.models import infer_signature
+
+    from conductor_pipeline.pipelines.training.mlflow_model import ADAPTER_ARTIFACT, ConductorModel
+
+    adapter_dir = Path(adapter_info["adapter_dir"])
+    if not adapter_dir.is_dir():
+        raise FileNotFoundError(f"trained adapter folder {adapter_dir} is missing")
+    tags = {
+        "base_model": str(adapter_info["base_model"]),
+        "pool_fingerprint": str(adapter_info["pool_fingerprint"]),
+        "data_version": str(adapter_info["data_version"]),
+        "config_fingerprint": str(adapter_info["config_fingerprint"]),
+        "run_fingerprint": str(adapter_info["run_fingerprint"]),
+        "global_step": str(adapter_info["global_step"]),
+        "workers": ",".join(adapter_info.get("worker_names", [])),
+    }
+    own_run = mlflow.active_run() is None
+    run = mlflow.start_run() if own_run else mlflow.active_run()
+    try:
+        mlflow.set_tags({f"conductor.{k}": v for k, v in tags.items()})
+        signature = infer_signature(
+            pd.DataFrame({"question": ["What is 2 + 2?"]}),
+            ["model_id = [0]\nsubtasks = ['...']\naccess_list = [[]]"],
+            params={"temperature": 0.0, "max_tokens": 512, "seed": 0},
+        )
+        model_info = mlflow.pyfunc.log_model(
+            name="conductor",
+            python_model=ConductorModel(),
+            artifacts={ADAPTER_ARTIFACT: str(adapter_dir)},
+            model_config={"max_completion_length": int(adapter_info.get("max_completion_length", 512))},
+            signature=signature,
+            pip_requirements=PIP_REQUIREMENTS,
+            registered_model_name=REGISTERED_MODEL,
+        )
+        version = str(model_info.registered_model_version)
+        client = mlflow.MlflowClient()
+        for key, value in tags.items():
+            client.set_model_version_tag(REGISTERED_MODEL, version, key, value)
+        run_id = run.info.run_id
+    finally:
+        if own_run:
+            mlflow.end_run()
+    return {
+        "name": REGISTERED_MODEL,
+        "version": version,
+        "model_uri": f"models:/{REGISTERED_MODEL}/{version}",
+        "artifact_uri": model_info.model_uri,
+        "run_id": run_id,
+        "tags": tags,
+    }

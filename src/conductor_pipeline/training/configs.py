@@ -1,0 +1,427 @@
+"""Training parameters as validated dataclasses, read from ``conf/*/parameters_training.yml``.
+
+``TrainingConfig.from_params(params["training"])`` builds the whole tree and raises
+:class:`TrainingConfigError` naming the offending key (``training.grpo.lerning_rate: unknown
+key ...``) before any model is loaded. Nothing here imports torch, TRL, Kedro or MLflow.
+
+Layout of the ``training`` mapping (every key optional; defaults are the sandbox values)::
+
+    base_model, seed, max_train_tasks, max_prompt_tokens, output_dir, resume
+    grpo:      group size (num_generations), prompts_per_step, learning rate, steps, ...
+    lora:      enabled, r, alpha, dropout, target_modules
+    reward:    the 0 / 0.5 / 1 values, the optional cost term, infra-failure retries
+    sft:       the scripted warm start (on in the sandbox, off at full scale)
+    recursion: the optional recursion fine-tune stage
+    prompt:    what the Conductor prompt says (question_to_workers, max_steps)
+    budget:    hard per-rollout limits on worker steps, tokens and dollars
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "SMOLLM2",
+    "BudgetSettings",
+    "GRPOSettings",
+    "LoraSettings",
+    "PromptSettings",
+    "RecursionSettings",
+    "RewardConfig",
+    "SFTSettings",
+    "TrainingConfig",
+    "TrainingConfigError",
+]
+
+# ``base_model`` value meaning "the offline SmolLM2 copy made by workers.local_model".
+SMOLLM2 = "smollm2-135m-instruct"
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none")
+VLLM_MODES = ("colocate", "server")
+COST_UNITS = ("usd", "tokens")
+
+
+class TrainingConfigError(ValueError):
+    """The training configuration is invalid; the message starts with the key's path."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """GRPO proper. One optimizer step draws ``prompts_per_step`` questions and
+    ``num_generations`` completions for each (the group the advantage is computed over).
+
+    ``micro_batch_size``: completions per forward/backward pass per device (``None``: the
+    whole step at once); gradient accumulation covers the rest. ``loss_type`` is TRL's:
+    ``dapo`` (TRL default: token-level, normalised over the whole generation batch) or
+    ``bnpo`` (the authors' code: token-level, normalised per micro-batch).
+    """
+
+    num_generations: int = 4
+    prompts_per_step: int = 2
+    micro_batch_size: int | None = None
+    max_steps: int = 24
+    learning_rate: float = 2e-5
+    max_completion_length: int = 160
+    temperature: float = 1.0
+    top_p: float = 1.0
+    loss_type: str = "dapo"
+    beta: float = 0.0
+    epsilon: float = 0.2
+    scale_rewards: str = "group"
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    save_steps: int = 4
+    save_total_limit: int | None = 2
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_server_base_url: str | None = None
+    model_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.num_generations >= 2, "num_generations must be at least 2 (GRPO needs a group)")
+        _check(self.prompts_per_step >= 1, "prompts_per_step must be at least 1")
+        _check(self.max_steps >= 1, "max_steps must be at least 1")
+        _check(self.learning_rate > 0, "learning_rate must be positive")
+        _check(self.max_completion_length >= 8, "max_completion_length must be at least 8")
+        _check(self.temperature > 0, "temperature must be positive")
+        _check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
+        _check(self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}")
+        _check(self.beta >= 0, "beta must be >= 0")
+        _check(self.epsilon > 0, "epsilon must be positive")
+        _check(self.scale_rewards in SCALE_REWARDS, f"scale_rewards must be one of {SCALE_REWARDS}")
+        _check(0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
+        _check(self.save_steps >= 1, "save_steps must be at least 1")
+        _check(self.vllm_mode in VLLM_MODES, f"vllm_mode must be one of {VLLM_MODES}")
+        _check(
+            0 < self.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization must be in (0, 1]"
+        )
+        _check(
+            self.model_dtype in (None, "float32", "bfloat16", "float16"),
+            "model_dtype must be null, float32, bfloat16 or float16",
+        )
+        if self.micro_batch_size is not None:
+            _check(self.micro_batch_size >= 1, "micro_batch_size must be at least 1")
+            _check(
+                self.batch_size % self.micro_batch_size == 0,
+                f"micro_batch_size ({self.micro_batch_size}) must divide prompts_per_step * "
+                f"num_generations ({self.batch_size})",
+            )
+
+    @property
+    def batch_size(self) -> int:
+        """Completions per optimizer step."""
+        return self.prompts_per_step * self.num_generations
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter shape. ``enabled: false`` trains the full model (the paper's choice).
+
+    ``last_layers``: put adapters only on the last N decoder layers (null: all layers).
+    Backpropagation then stops at the lowest adapted layer, which cut the backward pass
+    of a SmolLM2 GRPO step on CPU about threefold (8 of 30 layers).
+    """
+
+    enabled: bool = True
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    last_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.last_layers is not None:
+            _check(self.last_layers >= 1, "last_layers must be at least 1 or null")
+        _check(self.r >= 1, "r must be at least 1")
+        _check(self.alpha >= 1, "alpha must be at least 1")
+        _check(0 <= self.dropout < 1, "dropout must be in [0, 1)")
+        _check(bool(self.target_modules), "target_modules must not be empty")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How a rollout is scored.
+
+    Paper reward: ``unparseable`` (0) when the completion is not a workflow, ``wrong`` (0.5)
+    when it parses but the final answer is wrong, ``correct`` (1) when it is right. With
+    ``partial_credit`` a verifier's fractional score (code tests passed) interpolates
+    between ``wrong`` and ``correct``.
+
+    Optional cost term (off when ``cost_weight`` is 0): ``reward -= cost_weight * cost``,
+    cost in dollars (``cost_unit: usd``) or thousands of worker tokens (``tokens``), priced
+    at list price even for cache hits so that a cached answer is not "free".
+
+    Infrastructure failures are retried ``infra_retries`` times (``retry_delay_s`` doubling
+    each time) and then masked. ``retry_on_any_failure`` also retries when an intermediate
+    step failed but the answer step still answered. ``max_concurrency`` bounds the rollouts
+    executing at once across the whole batch.
+    """
+
+    correct: float = 1.0
+    wrong: float = 0.5
+    unparseable: float = 0.0
+    partial_credit: bool = False
+    cost_weight: float = 0.0
+    cost_unit: str = "usd"
+    infra_retries: int = 2
+    retry_delay_s: float = 0.5
+    retry_on_any_failure: bool = False
+    max_concurrency: int = 16
+
+    def __post_init__(self) -> None:
+        _check(self.cost_unit in COST_UNITS, f"cost_unit must be one of {COST_UNITS}")
+        _check(self.cost_weight >= 0, "cost_weight must be >= 0")
+        _check(self.infra_retries >= 0, "infra_retries must be >= 0")
+        _check(self.retry_delay_s >= 0, "retry_delay_s must be >= 0")
+        _check(self.max_concurrency >= 1, "max_concurrency must be at least 1")
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """The scripted warm start (see ``training.planner``): ``n_examples`` planner workflows
+    for train questions, ``max_steps`` SFT optimizer steps with completion-only loss.
+
+    ``domain_workers`` maps a task domain to the worker name the planner routes it to
+    (``default_worker`` for other domains); ``verify_share`` of the examples get a second
+    step in which ``verifier_worker`` checks the first answer. Names missing from the pool
+    fall back to worker 0.
+    """
+
+    enabled: bool = True
+    n_examples: int = 48
+    max_steps: int = 12
+    batch_size: int = 4
+    learning_rate: float = 2e-4
+    max_length: int = 1280
+    verify_share: float = 0.25
+    domain_workers: Mapping[str, str] = field(
+        default_factory=lambda: {
+            "math": "sim-abacus",
+            "logic": "sim-sphinx",
+            "algorithmic": "sim-coder",
+            "code": "sim-coder",
+        }
+    )
+    default_worker: str = "sim-sage"
+    verifier_worker: str = "sim-sage"
+
+    def __post_init__(self) -> None:
+        _check(self.n_examples >= 1, "n_examples must be at least 1")
+        _check(self.max_steps >= 1, "max_steps must be at least 1")
+        _check(self.batch_size >= 1, "batch_size must be at least 1")
+        _check(self.learning_rate > 0, "learning_rate must be positive")
+        _check(self.max_length >= 64, "max_length must be at least 64")
+        _check(0 <= self.verify_share <= 1, "verify_share must be in [0, 1]")
+        object.__setattr__(self, "domain_workers", dict(self.domain_workers))
+
+
+@dataclass(frozen=True)
+class RecursionSettings:
+    """The recursion fine-tune (paper §3): after the main GRPO run, ``max_steps`` more steps
+    in which ``share`` of each group also gets a forced recursion round; the round-0 reward
+    becomes ``(1 - discount) * r0 + discount * r1``."""
+
+    enabled: bool = False
+    share: float = 0.5
+    discount: float = 0.25
+    max_steps: int = 10
+
+    def __post_init__(self) -> None:
+        _check(0 < self.share <= 1, "share must be in (0, 1]")
+        _check(0 <= self.discount <= 1, "discount must be in [0, 1]")
+        _check(self.max_steps >= 1, "max_steps must be at least 1")
+
+
+DESCRIPTION_MODES = ("full", "short", "none")
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """What the Conductor prompt holds (see ``workflow.PromptConfig``).
+
+    ``few_shot``: how many of the default worked examples to include (null: all of them;
+    the sandbox uses 0 because the SFT warm start teaches the format and every prompt token
+    costs CPU time). ``worker_descriptions``: ``full`` pool descriptions, ``short`` (the
+    text before the first colon or full stop, at most 60 characters) or ``none`` (bare
+    ordinals, as in the paper).
+    """
+
+    question_to_workers: bool = False
+    max_steps: int = 5
+    few_shot: int | None = None
+    worker_descriptions: str = "full"
+
+    def __post_init__(self) -> None:
+        _check(self.max_steps >= 1, "max_steps must be at least 1")
+        if self.few_shot is not None:
+            _check(self.few_shot >= 0, "few_shot must be >= 0 or null")
+        _check(
+            self.worker_descriptions in DESCRIPTION_MODES,
+            f"worker_descriptions must be one of {DESCRIPTION_MODES}",
+        )
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """Hard limits per executed workflow (``workflow.Budget``); null = unlimited."""
+
+    max_steps: int | None = 5
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Everything the training pipeline needs besides the data and the worker pool.
+
+    ``base_model``: ``smollm2-135m-instruct`` (the offline SmolLM2 copy), a Hugging Face id
+    or a local folder. ``max_prompt_tokens``: prompts longer than this are dropped from the
+    GRPO dataset (GRPO has no prompt truncation). ``max_question_tokens``: questions longer
+    than this are dropped too (null: keep all); the sandbox uses it because a subtask must
+    restate the question, so long questions cannot fit a short completion. ``output_dir``: checkpoints and adapters,
+    one sub-folder per run fingerprint. ``resume``: continue from the newest checkpoint of
+    the same fingerprint.
+    """
+
+    base_model: str = SMOLLM2
+    seed: int = 42
+    max_train_tasks: int | None = None
+    max_prompt_tokens: int = 1024
+    max_question_tokens: int | None = None
+    output_dir: str = "data/06_models/conductor"
+    resume: bool = True
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sft: SFTSettings = field(default_factory=SFTSettings)
+    recursion: RecursionSettings = field(default_factory=RecursionSettings)
+    prompt: PromptSettings = field(default_factory=PromptSettings)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.base_model), "base_model must not be empty")
+        _check(self.max_prompt_tokens >= 16, "max_prompt_tokens must be at least 16")
+        if self.max_train_tasks is not None:
+            _check(self.max_train_tasks >= 1, "max_train_tasks must be at least 1 or null")
+        if self.max_question_tokens is not None:
+            _check(self.max_question_tokens >= 1, "max_question_tokens must be at least 1 or null")
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any] | None, where: str = "training") -> TrainingConfig:
+        """Build and validate from the ``training`` parameters mapping."""
+        return _build(cls, params or {}, where)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-friendly dict (tuples as lists); ``from_params`` reads it back."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+
+    # -- identity -------------------------------------------------------------------------
+    # Keys that change where or how often things are written, not what is learned.
+    _OPERATIONAL = frozenset({"output_dir", "resume"})
+    _OPERATIONAL_GRPO = frozenset({"save_steps", "save_total_limit"})
+
+    def fingerprint(self) -> str:
+        """12 hex chars identifying everything that shapes the trained adapter."""
+        data = self.to_dict()
+        for key in self._OPERATIONAL:
+            data.pop(key, None)
+        for key in self._OPERATIONAL_GRPO:
+            data["grpo"].pop(key, None)
+        return stable_hash(data)
+
+
+def stable_hash(data: Any, length: int = 12) -> str:
+    """sha256 of the canonical JSON of ``data``, shortened."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+# -- generic builder -------------------------------------------------------------------------
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise TrainingConfigError(f"{where}: must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise TrainingConfigError(
+            f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(hints[name], value, f"{where}.{name}")
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        if isinstance(err, TrainingConfigError):
+            raise
+        message = str(err)
+        first = message.split(" ", 1)[0]
+        path = f"{where}.{first}" if first in fields else where
+        raise TrainingConfigError(f"{path}: {message}") from None
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise TrainingConfigError(f"{where}: must not be null")
+        non_null = [a for a in args if a is not type(None)]
+        return _coerce(non_null[0], value, where)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TrainingConfigError(f"{where}: must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TrainingConfigError(f"{where}: must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TrainingConfigError(f"{where}: must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise TrainingConfigError(f"{where}: must be a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            raise TrainingConfigError(f"{where}: must be a list, got {value!r}")
+        if not all(isinstance(v, str) for v in value):
+            raise TrainingConfigError(f"{where}: entries must be strings")
+        return tuple(value)
+    if origin in (Mapping, dict) or hint in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise TrainingConfigError(f"{where}: must be a mapping, got {value!r}")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise TrainingConfigError(f"{where}: keys and values must be strings")
+        return dict(value)
+    return value

@@ -1,0 +1,138 @@
+"""SFT warm start: fine-tune the Conductor's LoRA on scripted reference workflows.
+
+The examples are conversational prompt/completion pairs: the prompt is exactly the GRPO
+prompt (``conductor_messages``), the completion is the reference planner's reply. TRL's
+SFTTrainer computes the loss on the completion (the assistant turn) only
+(``completion_only_loss``, on by default for prompt/completion data). The resulting
+adapter is the starting point of GRPO.
+
+Heavy imports (torch, TRL, PEFT) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conductor_pipeline.tasks import Task
+from conductor_pipeline.training.configs import SFTSettings, TrainingConfig
+from conductor_pipeline.training.planner import ReferencePlanner
+from conductor_pipeline.workflow import PromptConfig, conductor_messages
+
+__all__ = ["SFTResult", "build_sft_examples", "run_sft"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTResult:
+    adapter_dir: Path
+    steps: int
+    seconds: float
+    final_loss: float | None
+    n_examples: int
+    skipped: bool = False
+
+
+def build_sft_examples(
+    tasks: Sequence[Task],
+    worker_names: Sequence[str],
+    worker_descriptions: Sequence[str],
+    prompt_config: PromptConfig,
+    settings: SFTSettings,
+    *,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """``n_examples`` prompt/completion pairs for a seeded sample of ``tasks``.
+
+    Each row also carries ``task_id`` and the planned ``workflow_text`` for inspection.
+    """
+    planner = ReferencePlanner(worker_names, settings, seed=seed)
+    chosen = list(tasks)
+    random.Random(seed).shuffle(chosen)
+    chosen = chosen[: settings.n_examples]
+    rows = []
+    for task in chosen:
+        plan = planner.plan(task)
+        rows.append(
+            {
+                "prompt": conductor_messages(task.question, worker_descriptions, prompt_config),
+                "completion": [{"role": "assistant", "content": plan.text}],
+                "task_id": task.id,
+            }
+        )
+    return rows
+
+
+def run_sft(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[dict[str, Any]],
+    config: TrainingConfig,
+    output_dir: str | Path,
+    *,
+    peft_config: Any = None,
+    use_cpu: bool = True,
+) -> SFTResult:
+    """Fine-tune ``model`` (wrapped with ``peft_config`` when given) on ``examples`` and
+    save the adapter to ``output_dir/adapter``. Returns what happened."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    settings = config.sft
+    output_dir = Path(output_dir)
+    adapter_dir = output_dir / "adapter"
+    rows = [{"prompt": r["prompt"], "completion": r["completion"]} for r in examples]
+    dataset = Dataset.from_list(rows)
+    args = SFTConfig(
+        output_dir=str(output_dir / "trainer"),
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=1,
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=min(2, settings.max_steps - 1),
+        max_length=settings.max_length,
+        completion_only_loss=True,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=config.seed,
+        data_seed=config.seed,
+        use_cpu=use_cpu,
+        bf16=config.grpo.bf16 and not use_cpu,
+        gradient_checkpointing=config.grpo.gradient_checkpointing,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    adapter_dir.mkdir(parents=True, exist_ok=True)
+    trainer.model.save_pretrained(str(adapter_dir))
+    log.info(
+        "SFT warm start: %d steps in %.1f s, final loss %s",
+        trainer.state.global_step,
+        seconds,
+        losses[-1] if losses else None,
+    )
+    return SFTResult(
+        adapter_dir=adapter_dir,
+        steps=int(trainer.state.global_step),
+        seconds=seconds,
+        final_loss=float(losses[-1]) if losses else None,
+        n_examples=len(rows),
+    )

@@ -1,0 +1,102 @@
+"""Training configuration: validation names the key; the shipped YAML files parse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conductor_pipeline.training.configs import TrainingConfig, TrainingConfigError
+from conductor_pipeline.training.planner import ReferencePlanner
+from conductor_pipeline.workflow import parse_workflow
+
+from .fakes import make_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _params(env: str) -> dict:
+    return yaml.safe_load((ROOT / "conf" / env / "parameters_training.yml").read_text())["training"]
+
+
+def test_defaults_are_valid():
+    config = TrainingConfig.from_params({})
+    assert config.grpo.batch_size == config.grpo.num_generations * config.grpo.prompts_per_step
+
+
+@pytest.mark.parametrize(
+    ("params", "path"),
+    [
+        ({"grpo": {"lerning_rate": 1e-5}}, "training.grpo.lerning_rate: unknown key"),
+        ({"lora": {"r": "eight"}}, "training.lora.r: must be an integer"),
+        ({"grpo": {"num_generations": 1}}, "training.grpo.num_generations"),
+        ({"grpo": {"loss_type": "ppo"}}, "training.grpo.loss_type"),
+        ({"reward": {"cost_unit": "euros"}}, "training.reward.cost_unit"),
+        ({"recursion": {"discount": 2}}, "training.recursion.discount"),
+        ({"sft": {"domain_workers": ["a"]}}, "training.sft.domain_workers: must be a mapping"),
+        ({"grpo": {"prompts_per_step": 3, "micro_batch_size": 5}}, "training.grpo.micro_batch_size"),
+        ({"bogus": 1}, "training.bogus: unknown key"),
+        ({"grpo": 3}, "training.grpo: must be a mapping"),
+        ({"seed": True}, "training.seed: must be an integer"),
+        ({"budget": {"max_steps": None}, "prompt": {"worker_descriptions": "long"}}, "training.prompt.worker_descriptions"),
+    ],
+)
+def test_bad_values_name_the_key(params, path):
+    with pytest.raises(TrainingConfigError, match=path.replace(".", r"\.")):
+        TrainingConfig.from_params(params)
+
+
+def test_fingerprint_ignores_operational_keys_only():
+    base = TrainingConfig.from_params({})
+    same = TrainingConfig.from_params({"output_dir": "elsewhere", "grpo": {"save_steps": 1}})
+    other = TrainingConfig.from_params({"grpo": {"learning_rate": 1e-3}})
+    assert base.fingerprint() == same.fingerprint() != other.fingerprint()
+    assert TrainingConfig.from_params(base.to_dict()) == base
+
+
+@pytest.mark.parametrize("env", ["base", "gpu"])
+def test_shipped_parameter_files_parse(env):
+    config = TrainingConfig.from_params(_params(env))
+    if env == "gpu":
+        assert config.base_model == "Qwen/Qwen2.5-7B-Instruct"
+        assert config.grpo.num_generations == 64 and config.grpo.prompts_per_step == 4
+        assert config.grpo.use_vllm and not config.sft.enabled and config.grpo.beta == 0
+        assert config.grpo.learning_rate == 1e-6 and config.grpo.max_steps == 200
+    else:
+        assert config.sft.enabled and not config.recursion.enabled and not config.grpo.use_vllm
+
+
+def test_sandbox_parameters_stay_small_for_mlflow():
+    # kedro-mlflow logs every leaf of params:training as one MLflow param
+    def leaves(node) -> int:
+        if isinstance(node, dict):
+            return sum(leaves(v) for v in node.values())
+        return 1
+
+    assert leaves(_params("base")) <= 80
+
+
+def test_reference_planner_workflows_parse_and_carry_the_question():
+    config = TrainingConfig.from_params({"sft": {"verify_share": 0.5}})
+    names = ["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx"]
+    planner = ReferencePlanner(names, config.sft, seed=1)
+    kinds = set()
+    for i in range(40):
+        task = make_task(i, i, 1, domain=["math", "logic", "other"][i % 3])
+        plan = planner.plan(task)
+        parsed = parse_workflow(plan.text, len(names))
+        assert parsed == plan.workflow
+        assert task.question in parsed.steps[0].subtask
+        assert parsed.steps[0].worker == {"math": 1, "logic": 3, "other": 0}[task.domain]
+        kinds.add(len(parsed))
+        if len(parsed) == 2:
+            assert parsed.steps[1].access == (0,) and parsed.steps[1].worker == 0
+        assert planner.plan(task) == plan  # deterministic
+    assert kinds == {1, 2}
+
+
+def test_planner_falls_back_to_worker_zero_for_unknown_names():
+    config = TrainingConfig.from_params({"sft": {"domain_workers": {"math": "nobody"}}})
+    planner = ReferencePlanner(["a", "b"], config.sft)
+    assert planner.solver(make_task()) == 0

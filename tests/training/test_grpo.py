@@ -1,0 +1,303 @@
+"""GRPO with TRL 1.16 on a tiny random Llama: masking semantics, the real reward path, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conductor_pipeline.training.configs import TrainingConfig
+from conductor_pipeline.training.grpo import (
+    PoolInfo,
+    build_prompt_dataset,
+    conductor_descriptions,
+    prompt_config_from,
+    train_conductor,
+)
+from conductor_pipeline.workflow import parse_workflow
+
+from .fakes import FakePool, make_task
+
+pytestmark = pytest.mark.slow
+
+
+# -- what TRL does with a None reward -----------------------------------------------------------------
+
+
+def test_trl_gives_a_masked_rollout_zero_advantage_and_zero_gradient(tiny_model_dir):
+    """A ``None`` reward (our masked rollout) must not become a 0 reward: TRL 1.16 leaves it
+    out of its group's mean and std, gives it advantage exactly 0, and its policy loss has
+    no gradient."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from conductor_pipeline.training.grpo import conductor_trainer_class
+
+    pattern = [None, 1.0, 0.5, 0.0, 0.5, None, None, 1.0]
+    captured: dict = {}
+
+    def reward(prompts, completions, **kwargs):
+        return list(pattern)
+
+    class Capturing(conductor_trainer_class()):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            captured.setdefault("batch", out)
+            return out
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    args = GRPOConfig(
+        output_dir=str(tiny_model_dir.parent / "mask-run"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=8,
+        max_steps=1,
+        save_strategy="no",
+        loss_type="dapo",
+        beta=0.0,
+        disable_tqdm=True,
+        seed=0,
+    )
+    prompts = [{"prompt": [{"role": "user", "content": f"question {i}"}]} for i in range(4)]
+    trainer = Capturing(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(prompts),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    trainer.train()
+    batch = captured["batch"]
+    advantages = batch["advantages"].tolist()
+
+    def expected(group):
+        valid = torch.tensor([r for r in group if r is not None])
+        mean, std = valid.mean(), valid.std()
+        return [0.0 if r is None else float((r - mean) / (std + 1e-4)) for r in group]
+
+    assert advantages == pytest.approx(expected(pattern[:4]) + expected(pattern[4:]), abs=1e-5)
+    assert advantages[0] == 0.0 and advantages[5] == 0.0 and advantages[6] == 0.0
+    # had None been scored 0, the masked rollout would have a negative advantage
+    naive = torch.tensor([0.0, 1.0, 0.5, 0.0])
+    assert float((naive[0] - naive.mean()) / (naive.std() + 1e-4)) < -0.5
+
+    # the masked rollout alone produces no gradient under the configured loss
+    n = batch["advantages"].shape[0]
+    only_masked = {
+        key: (value[0:1] if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n else value)
+        for key, value in batch.items()
+    }
+    trainer.model.zero_grad()
+    loss = trainer.compute_loss(trainer.model, only_masked)
+    loss.backward()
+    grads = [p.grad for p in trainer.model.parameters() if p.requires_grad]
+    assert grads and all(g is None or torch.count_nonzero(g) == 0 for g in grads)
+
+
+# -- the Conductor's own training stage ------------------------------------------------------------------
+
+
+QUESTION = make_task().question
+N_TASKS = 4
+
+
+def _tasks():
+    # same question under several ids, so one forced completion fits every prompt
+    return [make_task(i) for i in range(N_TASKS)]
+
+
+def _config(tiny_model_dir: Path, out: Path, **grpo) -> TrainingConfig:
+    return TrainingConfig.from_params(
+        {
+            "base_model": str(tiny_model_dir),
+            "seed": 0,
+            "output_dir": str(out),
+            "grpo": {
+                "num_generations": 4,
+                "prompts_per_step": 2,
+                "max_steps": 2,
+                "max_completion_length": 48,
+                "learning_rate": 1e-3,
+                "save_steps": 1,
+                **grpo,
+            },
+            "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+            "sft": {"enabled": False},
+            "prompt": {"few_shot": 0, "worker_descriptions": "short"},
+            "reward": {"retry_delay_s": 0.0, "infra_retries": 1},
+        }
+    )
+
+
+def _forcing(tokenizer, branches: list[str], context: int = 6) -> dict:
+    """``generation_kwargs`` that make a random model write one of ``branches`` (chosen at
+    random where they differ), then stop: a strong ``sequence_bias`` on each next token."""
+    tail = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"][-3:]
+    bias: dict[tuple[int, ...], float] = {}
+    for text in branches:
+        ids = list(tail) + tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        for i in range(len(tail), len(ids)):
+            bias[tuple(ids[max(0, i - context) : i + 1])] = 60.0
+    return {"sequence_bias": [[list(k), v] for k, v in bias.items()]}
+
+
+def _branches() -> list[str]:
+    return [
+        f"Route it.\nmodel_id = [{w}]\nsubtasks = [{QUESTION!r}]\naccess_list = [[]]"
+        for w in (0, 1, 2)
+    ] + ["I will not plan this."]
+
+
+def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = _tasks()
+    pool = FakePool(tasks)
+    info = PoolInfo(pool, pool.names, pool.descriptions, pool.prices)
+    config = _config(tiny_model_dir, tmp_path / "out")
+    logged: list[tuple[dict, int]] = []
+    result = train_conductor(
+        tasks,
+        info,
+        config,
+        log_metrics=lambda metrics, step: logged.append((metrics, step)),
+        grpo_overrides={"generation_kwargs": _forcing(tokenizer, _branches())},
+    )
+    assert result.global_step == 2 and result.resumed_from is None
+    assert (result.adapter_dir / "adapter_config.json").is_file()
+    saved = json.loads((result.adapter_dir / "conductor_info.json").read_text())
+    assert saved["config_fingerprint"] == config.fingerprint()
+    assert saved["pool_fingerprint"] == info.fingerprint()
+    assert saved["conductor_descriptions"] == ["Description of sim-good"] * 0 + [
+        "Description of sim-good",
+        "Description of sim-bad",
+        "Description of sim-broken",
+    ]
+    assert sorted(p.name for p in (result.run_dir / "grpo").glob("checkpoint-*")) == [
+        "checkpoint-1",
+        "checkpoint-2",
+    ]
+    assert [step for _, step in logged] == [1, 2]
+    metrics = logged[-1][0]
+    for key in (
+        "grpo/reward/mean",
+        "grpo/rollouts/parse_rate",
+        "grpo/rollouts/masked_rate",
+        "grpo/rollouts/infra_failure_rate",
+        "grpo/workflow/steps_mean",
+        "grpo/workflow/cost_usd_mean",
+        "grpo/tokens_per_s",
+        "grpo/loss",
+    ):
+        assert key in metrics, key
+    # the forced completions really ran through parse → execute → verify
+    assert sum(pool.calls.values()) > 0
+    assert any(k.startswith("grpo/workers/share/") for k in metrics)
+    rates = [m["grpo/rollouts/parse_rate"] for m, _ in logged]
+    assert all(0.0 < r < 1.0 for r in rates)
+
+
+def test_resume_after_an_interruption_continues_from_the_last_checkpoint(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer, TrainerCallback
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = _tasks()
+    pool = FakePool(tasks)
+    info = PoolInfo(pool, pool.names, pool.descriptions, pool.prices)
+    config = _config(tiny_model_dir, tmp_path / "out", max_steps=4)
+    overrides = {"generation_kwargs": _forcing(tokenizer, _branches())}
+
+    class Crash(RuntimeError):
+        pass
+
+    class StopAfterTwo(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise Crash("simulated interruption after the step-2 checkpoint")
+
+    with pytest.raises(Crash):
+        train_conductor(tasks, info, config, callbacks=[StopAfterTwo()], grpo_overrides=overrides)
+
+    logged: list[int] = []
+    result = train_conductor(
+        tasks, info, config, log_metrics=lambda m, step: logged.append(step), grpo_overrides=overrides
+    )
+    assert result.resumed_from is not None and result.resumed_from.endswith("checkpoint-2")
+    assert result.global_step == 4
+    assert logged == [3, 4]  # only the steps after the checkpoint were trained again
+
+
+def test_prompt_dataset_drops_long_prompts_and_keeps_task_columns(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    long_task = make_task(9, 1, 1)
+    long_task = type(long_task)(**{**long_task.__dict__, "id": "long", "question": "word " * 400})
+    config = TrainingConfig.from_params({"max_prompt_tokens": 400, "prompt": {"few_shot": 0}})
+    descriptions = conductor_descriptions(["A: x", "B. y"], "short")
+    assert descriptions == ["A", "B"]
+    rows, report = build_prompt_dataset(
+        [make_task(0), long_task], tokenizer, descriptions, prompt_config_from(config.prompt), config
+    )
+    assert [r["id"] for r in rows] == ["t0"] and report["dropped_long_prompt"] == 1
+    assert rows[0]["prompt"][-1]["content"].endswith(make_task(0).question)
+    assert rows[0]["answer"] == "5"
+    assert conductor_descriptions(["A: x"], "none") == [""]
+    # the prompt the Conductor sees parses its own format rules
+    assert parse_workflow("model_id = [0]\nsubtasks = ['x']\naccess_list = [[]]", 2)
+
+
+def test_cpu_scoring_matches_trl_fused_lm_head(tiny_model_dir):
+    """The CPU override scores only completion positions but returns TRL's numbers."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from conductor_pipeline.training.grpo import conductor_trainer_class
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    args = GRPOConfig(
+        output_dir=str(tiny_model_dir.parent / "score-run"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        num_generations=2,
+        per_device_train_batch_size=2,
+        temperature=0.7,
+    )
+    trainer = conductor_trainer_class()(
+        model=model,
+        reward_funcs=lambda prompts, completions, **kw: [0.0] * len(prompts),
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "hello"}] * 2),
+        processing_class=tokenizer,
+    )
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1000, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding
+    with torch.no_grad():
+        ours = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, 7, compute_entropy=True
+        )
+        trl = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, trainer.model, ids, mask, 7, compute_entropy=True
+        )
+    torch.testing.assert_close(ours[0], trl[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours[1], trl[1], atol=1e-4, rtol=1e-4)
