@@ -60,7 +60,9 @@ class ConductorModel(mlflow.pyfunc.PythonModel):
             model_dir=None if base == SMOLLM2 else base, adapter_dir=self.adapter_dir
         )
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> list[str]:
+    def predict(
+        self, context: Any, model_input: Any, params: dict[str, Any] | None = None
+    ) -> list[str]:
         from conductor_pipeline.workflow import conductor_messages
 
         params = params or {}

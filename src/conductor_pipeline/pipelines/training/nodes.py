@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import logging
 import math
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
 
+from conductor_pipeline.paths import project_root
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import PoolInfo, train_conductor
+from conductor_pipeline.workers.runtime import open_worker_pool
 
 logger = logging.getLogger(__name__)
 
@@ -25,13 +26,6 @@ REGISTERED_MODEL = "conductor"
 # What the registered pyfunc model needs at load time (torch/transformers pinned as in
 # pyproject; without explicit requirements MLflow tries to infer them and fails).
 PIP_REQUIREMENTS = ["torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "conductor-pipeline"]
-
-
-def open_pool(tasks: list[Task]) -> AbstractContextManager[Any]:
-    """The configured worker pool (the sandbox server is started when it is the sandbox)."""
-    from conductor_pipeline.workers.runtime import open_worker_pool
-
-    return open_worker_pool(tasks=tasks)
 
 
 def log_metrics_to_mlflow(metrics: dict[str, float], step: int) -> None:
@@ -48,7 +42,10 @@ def _tasks(frame: pd.DataFrame) -> list[Task]:
 
 
 def train_conductor_node(
-    train_tasks: pd.DataFrame, params: dict[str, Any]
+    train_tasks: pd.DataFrame,
+    params: dict[str, Any],
+    worker_pool_config: dict[str, Any],
+    worker_credentials: dict[str, Any],
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """SFT warm start (optional) + GRPO (+ recursion stage) on the train split.
 
@@ -57,7 +54,8 @@ def train_conductor_node(
     """
     config = TrainingConfig.from_params(params)
     tasks = _tasks(train_tasks)
-    with open_pool(tasks) as pool:
+    # the configured pool; the sandbox server is started when the pool is the sandbox
+    with open_worker_pool(worker_pool_config, worker_credentials, root=project_root()) as pool:
         result = train_conductor(
             tasks, PoolInfo.from_pool(pool), config, log_metrics=log_metrics_to_mlflow
         )
@@ -111,7 +109,9 @@ def register_conductor(adapter_info: dict[str, Any]) -> dict[str, Any]:
             name="conductor",
             python_model=ConductorModel(),
             artifacts={ADAPTER_ARTIFACT: str(adapter_dir)},
-            model_config={"max_completion_length": int(adapter_info.get("max_completion_length", 512))},
+            model_config={
+                "max_completion_length": int(adapter_info.get("max_completion_length", 512))
+            },
             signature=signature,
             pip_requirements=PIP_REQUIREMENTS,
             registered_model_name=REGISTERED_MODEL,

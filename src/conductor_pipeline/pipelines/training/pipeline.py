@@ -10,7 +10,7 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             Node(
                 train_conductor_node,
-                ["train_tasks", "params:training"],
+                ["train_tasks", "params:training", "worker_pool_config", "worker_credentials"],
                 ["conductor_adapter_info", "training_history"],
                 name="train_conductor",
             ),
