@@ -111,7 +111,8 @@ class GRPOSettings:
         _check(self.save_steps >= 1, "save_steps must be at least 1")
         _check(self.vllm_mode in VLLM_MODES, f"vllm_mode must be one of {VLLM_MODES}")
         _check(
-            0 < self.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization must be in (0, 1]"
+            0 < self.vllm_gpu_memory_utilization <= 1,
+            "vllm_gpu_memory_utilization must be in (0, 1]",
         )
         _check(
             self.model_dtype in (None, "float32", "bfloat16", "float16"),
@@ -207,11 +208,11 @@ class SFTSettings:
 
     enabled: bool = True
     n_examples: int = 48
-    max_steps: int = 12
+    max_steps: int = 30
     batch_size: int = 4
-    learning_rate: float = 2e-4
+    learning_rate: float = 2e-3
     max_length: int = 1280
-    verify_share: float = 0.25
+    verify_share: float = 0.2
     domain_workers: Mapping[str, str] = field(
         default_factory=lambda: {
             "math": "sim-abacus",
@@ -326,7 +327,9 @@ class TrainingConfig:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_params(cls, params: Mapping[str, Any] | None, where: str = "training") -> TrainingConfig:
+    def from_params(
+        cls, params: Mapping[str, Any] | None, where: str = "training"
+    ) -> TrainingConfig:
         """Build and validate from the ``training`` parameters mapping."""
         return _build(cls, params or {}, where)
 

@@ -38,7 +38,12 @@ from conductor_pipeline.training.configs import (
     TrainingConfig,
     stable_hash,
 )
-from conductor_pipeline.training.rewards import ConductorReward, RolloutStats, task_columns
+from conductor_pipeline.training.rewards import (
+    ConductorReward,
+    RolloutStats,
+    ScoredBatch,
+    task_columns,
+)
 from conductor_pipeline.workers.types import WorkerCaller
 from conductor_pipeline.workflow import DEFAULT_FEW_SHOT, Budget, PromptConfig, conductor_messages
 
@@ -60,6 +65,55 @@ log = logging.getLogger(__name__)
 LogMetrics = Callable[[dict[str, float], int], None]
 
 ADAPTER_INFO_FILE = "conductor_info.json"
+ROLLOUT_SAMPLES_FILE = "rollout_samples.jsonl"
+
+
+class RolloutSampleLog:
+    """Appends a few rollouts per step to a JSONL file (``stage``, ``step``, ``question``,
+    ``completion``, ``reward``, ``parsed``, ``masked``, ``correct``, ``workers``), for the
+    training report's early-vs-late examples. ``per_step`` rows: the first rollout of each
+    group, then the next ones."""
+
+    def __init__(self, path: Path, stage: str, *, per_step: int = 4, step_offset: int = 0) -> None:
+        self.path = path
+        self.stage = stage
+        self.per_step = per_step
+        self.step_offset = step_offset
+
+    def forget_after(self, step: int) -> None:
+        """Drop this stage's rows after ``step`` (they are recomputed after a resume)."""
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if row.get("stage") == self.stage and row.get("step", 0) > step:
+                continue
+            kept.append(line)
+        self.path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+
+    def __call__(self, batch: ScoredBatch) -> None:
+        if batch.step is None or not batch.scores:
+            return
+        rows = []
+        for i in range(min(self.per_step, len(batch.scores))):
+            score = batch.scores[i]
+            rows.append(
+                {
+                    "stage": self.stage,
+                    "step": self.step_offset + batch.step,
+                    "question": batch.tasks[i].question,
+                    "completion": batch.texts[i],
+                    "reward": score.reward,
+                    "parsed": score.parsed,
+                    "masked": score.masked,
+                    "correct": score.correct,
+                    "workers": score.workers,
+                }
+            )
+        with self.path.open("a", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
 
 
 # -- the pool as training sees it -----------------------------------------------------------------
@@ -574,6 +628,7 @@ def conductor_trainer_class() -> type:
 
     return ConductorGRPOTrainer
 
+
 # -- the training stage -------------------------------------------------------------------------------
 
 
@@ -613,6 +668,7 @@ class TrainingResult:
             "resumed_from": self.resumed_from,
             "dataset": self.dataset,
             "seconds": self.seconds,
+            "rollout_samples": str(self.run_dir / ROLLOUT_SAMPLES_FILE),
             "worker_names": self.worker_names,
             "conductor_descriptions": self.conductor_descriptions,
             "prompt": self.prompt,
@@ -663,6 +719,9 @@ def _run_grpo_stage(
         max_cost_usd=config.budget.max_cost_usd,
     )
     stats = RolloutStats(pool.names)
+    samples = RolloutSampleLog(
+        stage_dir.parent / ROLLOUT_SAMPLES_FILE, stage, step_offset=step_offset
+    )
     reward = ConductorReward(
         pool.call,
         pool.names,
@@ -675,6 +734,7 @@ def _run_grpo_stage(
         recursion_share=config.recursion.share if recursion else 0.0,
         recursion_discount=config.recursion.discount,
         stats=stats,
+        on_scores=samples,
     )
     metrics_cb = MetricsCallback(
         stats, log_metrics, prefix=f"{stage}/", step_offset=step_offset, history=history
@@ -698,6 +758,9 @@ def _run_grpo_stage(
     checkpoint = _last_checkpoint(stage_dir) if config.resume else None
     if checkpoint is not None:
         log.info("%s: resuming from %s", stage, checkpoint)
+        samples.forget_after(step_offset + int(checkpoint.name.rsplit("-", 1)[-1]))
+    else:
+        samples.forget_after(step_offset)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     return trainer, str(checkpoint) if checkpoint else None
 
@@ -741,9 +804,7 @@ def train_conductor(
     )
 
     _, tokenizer = _load_tokenizer(config)
-    rows, report = build_prompt_dataset(
-        train_tasks, tokenizer, descriptions, prompt_config, config
-    )
+    rows, report = build_prompt_dataset(train_tasks, tokenizer, descriptions, prompt_config, config)
     log.info("training prompts: %s", report)
     history: list[dict[str, float]] = []
 
@@ -751,7 +812,9 @@ def train_conductor(
     sft_info: dict[str, Any] | None = None
     if config.sft.enabled:
         if not config.lora.enabled:
-            raise ValueError("training.sft.enabled needs training.lora.enabled (the warm start is a LoRA)")
+            raise ValueError(
+                "training.sft.enabled needs training.lora.enabled (the warm start is a LoRA)"
+            )
         sft_dir = run_dir / "sft"
         t0 = time.perf_counter()
         if config.resume and _adapter_ready(sft_dir / "adapter"):

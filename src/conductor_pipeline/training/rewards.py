@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ __all__ = [
     "RecursionPolicy",
     "RolloutScore",
     "RolloutStats",
+    "ScoredBatch",
     "completion_text",
     "infra_failure",
     "score_rollout",
@@ -137,7 +139,9 @@ def infra_failure(result: ExecutionResult, *, any_step: bool = False) -> str | N
     return None
 
 
-def _list_cost(result: ExecutionResult, prices: Sequence[tuple[float, float] | None] | None) -> float:
+def _list_cost(
+    result: ExecutionResult, prices: Sequence[tuple[float, float] | None] | None
+) -> float:
     """Dollars at list price: cache hits are priced as if the call had been made."""
     total = 0.0
     for step in result.steps:
@@ -226,7 +230,9 @@ async def score_rollout(
     config = reward_config
     limits = limits or ParseLimits(max_steps=prompt_config.max_steps)
     try:
-        workflow = parse_workflow(completion_text, n_workers, limits=limits, allow_empty=allow_empty)
+        workflow = parse_workflow(
+            completion_text, n_workers, limits=limits, allow_empty=allow_empty
+        )
     except WorkflowParseError as err:
         return RolloutScore(
             reward=config.unparseable, correctness=config.unparseable, parse_error=str(err)
@@ -365,25 +371,34 @@ class RolloutStats:
     ``rollouts/parse_rate``, ``rollouts/accuracy`` (of scored rollouts),
     ``rollouts/masked_rate``, ``rollouts/infra_failure_rate`` (failed calls / calls),
     ``rollouts/retries_per_rollout``, ``workflow/steps_mean``, ``workflow/cost_usd_mean``,
-    ``workflow/tokens_mean``, ``workflow/cache_hit_rate``, ``workers/share/<name>`` and
-    ``rollouts/completion_tokens`` (total, for tokens/s).
+    ``workflow/tokens_mean``, ``workflow/cache_hit_rate``, ``workers/share/<name>``,
+    ``rollouts/completion_tokens`` (total, for tokens/s) and ``rollouts/score_seconds``
+    (wall time spent executing and verifying workflows).
     """
 
     def __init__(self, worker_names: Sequence[str] | None = None) -> None:
         self.worker_names = list(worker_names or [])
         self._scores: list[RolloutScore] = []
         self.completion_tokens = 0
+        self.score_seconds = 0.0
         self.total_rollouts = 0
 
-    def add(self, scores: Sequence[RolloutScore], completion_tokens: int = 0) -> None:
+    def add(
+        self, scores: Sequence[RolloutScore], completion_tokens: int = 0, seconds: float = 0.0
+    ) -> None:
         self._scores.extend(scores)
         self.completion_tokens += int(completion_tokens)
+        self.score_seconds += float(seconds)
         self.total_rollouts += len(scores)
 
     def drain(self) -> dict[str, float]:
         scores, self._scores = self._scores, []
         tokens, self.completion_tokens = self.completion_tokens, 0
-        return summarise_scores(scores, self.worker_names, completion_tokens=tokens)
+        seconds, self.score_seconds = self.score_seconds, 0.0
+        metrics = summarise_scores(scores, self.worker_names, completion_tokens=tokens)
+        if metrics:
+            metrics["rollouts/score_seconds"] = seconds
+        return metrics
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -474,6 +489,17 @@ def _task_from_columns(columns: Mapping[str, Sequence[Any]], i: int) -> Task:
     return Task.from_record(row)
 
 
+@dataclass
+class ScoredBatch:
+    """What ``ConductorReward.on_scores`` receives after each batch; ``step`` is the
+    optimizer step being computed (``trainer_state.global_step + 1``) when TRL passes it."""
+
+    step: int | None
+    texts: list[str]
+    tasks: list[Task]
+    scores: list[RolloutScore]
+
+
 class ConductorReward:
     """The GRPO reward function (TRL 1.16 calling convention)::
 
@@ -491,6 +517,7 @@ class ConductorReward:
 
     With ``recursion_policy`` and ``recursion_share > 0``, the first ``share`` of every
     group also gets a forced recursion round (see :func:`score_recursion_round`).
+    ``on_scores`` is called with a :class:`ScoredBatch` after every batch (sample logging).
     """
 
     __name__ = "conductor_reward"
@@ -510,7 +537,7 @@ class ConductorReward:
         recursion_share: float = 0.0,
         recursion_discount: float = 0.25,
         stats: RolloutStats | None = None,
-        on_scores: Callable[[list[RolloutScore]], None] | None = None,
+        on_scores: Callable[[ScoredBatch], None] | None = None,
     ) -> None:
         self.call_worker = call_worker
         self.worker_names = list(worker_names)
@@ -600,9 +627,7 @@ class ConductorReward:
 
         await asyncio.gather(*(fold(i, r) for i, r in zip(rows, revisions, strict=True)))
 
-    async def score_batch(
-        self, texts: Sequence[str], tasks: Sequence[Task]
-    ) -> list[RolloutScore]:
+    async def score_batch(self, texts: Sequence[str], tasks: Sequence[Task]) -> list[RolloutScore]:
         """Score a batch of completion texts (group-contiguous, as TRL orders them)."""
         texts, tasks = list(texts), list(tasks)
         scores = await asyncio.gather(
@@ -624,12 +649,15 @@ class ConductorReward:
         completion_ids: Sequence[Sequence[int]] | None = None,
         **columns: Any,
     ) -> list[float | None]:
+        started = time.perf_counter()
         texts = [completion_text(c) for c in completions]
         tasks = [_task_from_columns(columns, i) for i in range(len(texts))]
         scores = await self.score_batch(texts, tasks)
         n_tokens = sum(len(ids) for ids in completion_ids) if completion_ids is not None else 0
-        self.stats.add(scores, completion_tokens=n_tokens)
+        self.stats.add(scores, completion_tokens=n_tokens, seconds=time.perf_counter() - started)
         self.last_scores = scores
         if self.on_scores is not None:
-            self.on_scores(scores)
+            state = columns.get("trainer_state")
+            step = int(state.global_step) + 1 if state is not None else None
+            self.on_scores(ScoredBatch(step, texts, tasks, scores))
         return [s.reward for s in scores]
