@@ -110,3 +110,45 @@ def test_batching_wrapper_groups_concurrent_requests(tiny_model):
 
     out = asyncio.run(go())
     assert len(out) == 3 and sorted(policy.batches) == [1, 2]
+
+
+OPENING = "You plan work for a team of workers and never answer yourself. " * 6
+SHARED = [
+    [{"role": "system", "content": OPENING}, {"role": "user", "content": "Question: 2 + 2?"}],
+    [
+        {"role": "system", "content": OPENING},
+        {"role": "user", "content": "Question: a longer one, to pad the batch in the middle."},
+    ],
+    [
+        {"role": "system", "content": OPENING},
+        {"role": "user", "content": "Question: x?"},
+        {"role": "assistant", "content": "model_id = ["},
+    ],
+]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model, temperature):
+    policy = LocalPolicy(model_dir=tiny_model)
+    seeds = [3, 4, 5]
+
+    async def go():
+        single = [
+            await policy.complete(c, temperature=temperature, max_tokens=10, seed=s)
+            for c, s in zip(SHARED, seeds, strict=True)
+        ]
+        batch = await policy.complete_many(
+            SHARED, temperature=temperature, max_tokens=10, seeds=seeds
+        )
+        kept = policy._prefix[0]
+        later = await policy.complete_many(
+            SHARED[1:2], temperature=temperature, max_tokens=10, seeds=seeds[1:2]
+        )
+        return single, batch, kept, later
+
+    single, batch, kept, later = asyncio.run(go())
+    assert len(kept) > 32  # the opening was cached ...
+    assert policy._prefix[0] == kept  # ... and reused by a later one-row batch
+    assert [c.text for c in batch] == [c.text for c in single]
+    assert [c.prompt_tokens for c in batch] == [c.prompt_tokens for c in single]
+    assert later[0].text == single[1].text

@@ -60,6 +60,7 @@ class LocalPolicy:
         self._model: Any = None
         self._tokenizer: Any = None
         self._load_lock = threading.Lock()
+        self._prefix: tuple[tuple[int, ...], Any] | None = None  # (token ids, their cache)
         # one generation at a time: the model is shared and CPU threads are few
         self._generate_lock = threading.Lock()
 
@@ -155,10 +156,18 @@ class LocalPolicy:
             rows.append(list(ids))
             prefilled.append(is_prefill)
         pad = tokenizer.pad_token_id
-        width = max(len(r) for r in rows)
-        # left padding, so every row's next token is generated at the same position
-        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-        attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        # Conductor prompts share a long opening (rules, workers, examples): its keys and
+        # values are computed once and reused; each row then holds [shared | pads | own tokens]
+        # and the mask skips the pads (positions follow the mask, so they stay contiguous)
+        shared = self._shared_prefix(rows)
+        width = max(len(r) for r in rows) - shared
+        input_ids = torch.tensor(
+            [r[:shared] + [pad] * (width - len(r) + shared) + r[shared:] for r in rows]
+        )
+        attention_mask = torch.tensor(
+            [[1] * shared + [0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows]
+        )
+        width += shared
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
 
         def sample_per_row(_input_ids: Any, scores: Any) -> Any:
@@ -175,9 +184,13 @@ class LocalPolicy:
 
         start = time.perf_counter()
         with self._generate_lock, torch.inference_mode():
+            extra: dict[str, Any] = {}
+            if shared:
+                extra["past_key_values"] = self._prefix_cache(rows[0][:shared], len(rows))
             output = model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
+                **extra,
                 max_new_tokens=int(max_tokens),
                 do_sample=False,
                 logits_processor=[sample_per_row],
@@ -195,6 +208,45 @@ class LocalPolicy:
             text = text.rstrip() if prefilled[i] else text.strip()
             completions.append(PolicyCompletion(text, len(row), len(new), latency))
         return completions
+
+    def _shared_prefix(self, rows: list[list[int]]) -> int:
+        """How many leading tokens come from a cache: the kept opening when every row starts
+        with it, else the rows' common opening when long enough (0: no cache)."""
+        common = _common_prefix(rows)
+        if self._prefix is not None:
+            kept = self._prefix[0]
+            if len(kept) <= common and tuple(rows[0][: len(kept)]) == kept:
+                return len(kept)
+        return common if common >= _MIN_SHARED_PREFIX and len(rows) > 1 else 0
+
+    def _prefix_cache(self, prefix: list[int], batch: int) -> Any:
+        """A fresh copy of the key/value cache of ``prefix``, repeated for ``batch`` rows
+        (computed on first use, then kept for the next batch with the same opening)."""
+        import copy
+
+        import torch
+
+        key = tuple(prefix)
+        if self._prefix is None or self._prefix[0] != key:
+            out = self._model(input_ids=torch.tensor([prefix]), use_cache=True)
+            self._prefix = (key, out.past_key_values)
+        cache = copy.deepcopy(self._prefix[1])
+        if batch > 1:
+            cache.batch_repeat_interleave(batch)
+        return cache
+
+
+# a shared opening shorter than this is not worth a separate cache
+_MIN_SHARED_PREFIX = 32
+
+
+def _common_prefix(rows: list[list[int]]) -> int:
+    """Tokens all rows start with, leaving every row at least one token of its own."""
+    n = min(len(r) for r in rows) - 1
+    k = 0
+    while k < n and all(r[k] == rows[0][k] for r in rows):
+        k += 1
+    return max(k, 0)
 
 
 class EndpointPolicy:
