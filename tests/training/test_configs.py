@@ -35,11 +35,17 @@ def test_defaults_are_valid():
         ({"reward": {"cost_unit": "euros"}}, "training.reward.cost_unit"),
         ({"recursion": {"discount": 2}}, "training.recursion.discount"),
         ({"sft": {"domain_workers": ["a"]}}, "training.sft.domain_workers: must be a mapping"),
-        ({"grpo": {"prompts_per_step": 3, "micro_batch_size": 5}}, "training.grpo.micro_batch_size"),
+        (
+            {"grpo": {"prompts_per_step": 3, "micro_batch_size": 5}},
+            "training.grpo.micro_batch_size",
+        ),
         ({"bogus": 1}, "training.bogus: unknown key"),
         ({"grpo": 3}, "training.grpo: must be a mapping"),
         ({"seed": True}, "training.seed: must be an integer"),
-        ({"budget": {"max_steps": None}, "prompt": {"worker_descriptions": "long"}}, "training.prompt.worker_descriptions"),
+        (
+            {"budget": {"max_steps": None}, "prompt": {"worker_descriptions": "long"}},
+            "training.prompt.worker_descriptions",
+        ),
     ],
 )
 def test_bad_values_name_the_key(params, path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,9 @@ def test_trl_gives_a_masked_rollout_zero_advantage_and_zero_gradient(tiny_model_
         args=args,
         train_dataset=Dataset.from_list(prompts),
         processing_class=tokenizer,
-        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        peft_config=LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+        ),
     )
     trainer.train()
     batch = captured["batch"]
@@ -94,7 +97,11 @@ def test_trl_gives_a_masked_rollout_zero_advantage_and_zero_gradient(tiny_model_
     # the masked rollout alone produces no gradient under the configured loss
     n = batch["advantages"].shape[0]
     only_masked = {
-        key: (value[0:1] if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n else value)
+        key: (
+            value[0:1]
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n
+            else value
+        )
         for key, value in batch.items()
     }
     trainer.model.zero_grad()
@@ -143,11 +150,18 @@ def _forcing(tokenizer, branches: list[str], context: int = 6) -> dict:
     """``generation_kwargs`` that make a random model write one of ``branches`` (chosen at
     random where they differ), then stop: a strong ``sequence_bias`` on each next token."""
     tail = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=True, return_dict=True
+        [{"role": "user", "content": "x"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
     )["input_ids"][-3:]
     bias: dict[tuple[int, ...], float] = {}
     for text in branches:
-        ids = list(tail) + tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = (
+            list(tail)
+            + tokenizer(text, add_special_tokens=False)["input_ids"]
+            + [tokenizer.eos_token_id]
+        )
         for i in range(len(tail), len(ids)):
             bias[tuple(ids[max(0, i - context) : i + 1])] = 60.0
     return {"sequence_bias": [[list(k), v] for k, v in bias.items()]}
@@ -167,7 +181,7 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
     tasks = _tasks()
     pool = FakePool(tasks)
     info = PoolInfo(pool, pool.names, pool.descriptions, pool.prices)
-    config = _config(tiny_model_dir, tmp_path / "out")
+    config = _config(tiny_model_dir, tmp_path / "out", prompts_per_step=1)
     logged: list[tuple[dict, int]] = []
     result = train_conductor(
         tasks,
@@ -181,7 +195,7 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
     saved = json.loads((result.adapter_dir / "conductor_info.json").read_text())
     assert saved["config_fingerprint"] == config.fingerprint()
     assert saved["pool_fingerprint"] == info.fingerprint()
-    assert saved["conductor_descriptions"] == ["Description of sim-good"] * 0 + [
+    assert saved["conductor_descriptions"] == [
         "Description of sim-good",
         "Description of sim-bad",
         "Description of sim-broken",
@@ -208,6 +222,9 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
     assert any(k.startswith("grpo/workers/share/") for k in metrics)
     rates = [m["grpo/rollouts/parse_rate"] for m, _ in logged]
     assert all(0.0 < r < 1.0 for r in rates)
+    samples = [json.loads(line) for line in Path(saved["rollout_samples"]).read_text().splitlines()]
+    assert {s["step"] for s in samples} == {1, 2}
+    assert {"question", "completion", "reward", "parsed", "workers"} <= set(samples[0])
 
 
 def test_resume_after_an_interruption_continues_from_the_last_checkpoint(tiny_model_dir, tmp_path):
@@ -217,7 +234,9 @@ def test_resume_after_an_interruption_continues_from_the_last_checkpoint(tiny_mo
     tasks = _tasks()
     pool = FakePool(tasks)
     info = PoolInfo(pool, pool.names, pool.descriptions, pool.prices)
-    config = _config(tiny_model_dir, tmp_path / "out", max_steps=4)
+    config = _config(
+        tiny_model_dir, tmp_path / "out", max_steps=4, num_generations=2, prompts_per_step=1
+    )
     overrides = {"generation_kwargs": _forcing(tokenizer, _branches())}
 
     class Crash(RuntimeError):
@@ -233,11 +252,18 @@ def test_resume_after_an_interruption_continues_from_the_last_checkpoint(tiny_mo
 
     logged: list[int] = []
     result = train_conductor(
-        tasks, info, config, log_metrics=lambda m, step: logged.append(step), grpo_overrides=overrides
+        tasks,
+        info,
+        config,
+        log_metrics=lambda m, step: logged.append(step),
+        grpo_overrides=overrides,
     )
     assert result.resumed_from is not None and result.resumed_from.endswith("checkpoint-2")
     assert result.global_step == 4
     assert logged == [3, 4]  # only the steps after the checkpoint were trained again
+    lines = (result.run_dir / "rollout_samples.jsonl").read_text().splitlines()
+    steps = Counter(json.loads(line)["step"] for line in lines)
+    assert steps == {1: 2, 2: 2, 3: 2, 4: 2}  # no step recorded twice across the resume
 
 
 def test_prompt_dataset_drops_long_prompts_and_keeps_task_columns(tiny_model_dir):
@@ -250,7 +276,11 @@ def test_prompt_dataset_drops_long_prompts_and_keeps_task_columns(tiny_model_dir
     descriptions = conductor_descriptions(["A: x", "B. y"], "short")
     assert descriptions == ["A", "B"]
     rows, report = build_prompt_dataset(
-        [make_task(0), long_task], tokenizer, descriptions, prompt_config_from(config.prompt), config
+        [make_task(0), long_task],
+        tokenizer,
+        descriptions,
+        prompt_config_from(config.prompt),
+        config,
     )
     assert [r["id"] for r in rows] == ["t0"] and report["dropped_long_prompt"] == 1
     assert rows[0]["prompt"][-1]["content"].endswith(make_task(0).question)

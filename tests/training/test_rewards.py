@@ -28,7 +28,15 @@ FAST = RewardConfig(retry_delay_s=0.0)
 
 async def score(text: str, pool: FakePool, config: RewardConfig = FAST, **kwargs):
     return await score_rollout(
-        text, TASK, pool, len(pool.names), pool.names, PromptConfig(few_shot=[]), config, 0, **kwargs
+        text,
+        TASK,
+        pool,
+        len(pool.names),
+        pool.names,
+        PromptConfig(few_shot=[]),
+        config,
+        0,
+        **kwargs,
     )
 
 
@@ -146,7 +154,9 @@ async def test_cache_hits_are_priced_at_list_price():
 def test_completion_text_forms():
     assert completion_text("plain") == "plain"
     assert completion_text([{"role": "assistant", "content": "x"}]) == "x"
-    assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "y"}]}]) == "y"
+    assert (
+        completion_text([{"role": "assistant", "content": [{"type": "text", "text": "y"}]}]) == "y"
+    )
 
 
 def _columns(tasks: list[Task]) -> dict[str, list]:
