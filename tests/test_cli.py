@@ -58,10 +58,7 @@ class ScriptedPolicy:
 
 
 def test_ask_json_follows_the_contract(project, monkeypatch, capsys):
-    # the configured prefill "model_id = [" is continued by the policy
-    completion = (
-        f"1, 0]\nsubtasks = ['{QUESTION}', 'Check the sum above.']\naccess_list = [[], \"all\"]"
-    )
+    completion = f"model_id = [1, 0]\nsubtasks = ['{QUESTION}', 'Check the sum above.']\naccess_list = [[], \"all\"]"
     monkeypatch.setattr(
         "conductor_pipeline.workflow.config.build_policy",
         lambda *a, **k: ScriptedPolicy(completion),
@@ -102,7 +99,7 @@ def test_ask_with_the_real_untrained_smollm2_conductor(project, capsys):
 
 
 def test_ask_prints_the_workflow_as_it_runs(project, monkeypatch, capsys):
-    completion = f"1]\nsubtasks = ['{QUESTION}']\naccess_list = [[]]"
+    completion = f"model_id = [1]\nsubtasks = ['{QUESTION}']\naccess_list = [[]]"
     monkeypatch.setattr(
         "conductor_pipeline.workflow.config.build_policy",
         lambda *a, **k: ScriptedPolicy(completion),
