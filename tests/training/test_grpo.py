@@ -331,3 +331,37 @@ def test_cpu_scoring_matches_trl_fused_lm_head(tiny_model_dir):
         )
     torch.testing.assert_close(ours[0], trl[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ours[1], trl[1], atol=1e-4, rtol=1e-4)
+
+
+def test_recursion_stage_runs_after_grpo(tiny_model_dir, tmp_path):
+    """The recursion fine-tune continues from the GRPO adapter; round 1 is written by the
+    model being trained (here random text, so the round-0 answer is kept)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = _tasks()
+    pool = FakePool(tasks)
+    info = PoolInfo(pool, pool.names, pool.descriptions, pool.prices)
+    base = _config(tiny_model_dir, tmp_path / "out", max_steps=1, prompts_per_step=1)
+    config = TrainingConfig.from_params(
+        {**base.to_dict(), "recursion": {"enabled": True, "max_steps": 1, "share": 0.5}}
+    )
+    # only worker 0 or 1, so no rollout is masked and round 0 always parses
+    branches = _branches()[:2]
+    logged: list[tuple[dict, int]] = []
+    result = train_conductor(
+        tasks,
+        info,
+        config,
+        log_metrics=lambda metrics, step: logged.append((metrics, step)),
+        grpo_overrides={
+            "generation_kwargs": _forcing(tokenizer, branches),
+            "max_completion_length": 48,
+        },
+    )
+    assert result.global_step == 1 and result.recursion_steps == 1
+    assert [step for _, step in logged] == [1, 2]
+    recursion = logged[-1][0]
+    assert recursion["recursion/recursion/rate"] == pytest.approx(0.5)
+    assert "recursion/reward/mean" in recursion
+    assert (result.run_dir / "recursion" / "final" / "adapter_config.json").is_file()
