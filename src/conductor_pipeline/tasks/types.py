@@ -33,9 +33,13 @@ class Task:
 
     def __post_init__(self) -> None:
         if self.answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"Task {self.id!r}: unknown answer_format {self.answer_format!r}; expected one of {ANSWER_FORMATS}")
+            raise ValueError(
+                f"Task {self.id!r}: unknown answer_format {self.answer_format!r}; expected one of {ANSWER_FORMATS}"
+            )
         if self.verifier not in VERIFIERS:
-            raise ValueError(f"Task {self.id!r}: unknown verifier {self.verifier!r}; expected one of {VERIFIERS}")
+            raise ValueError(
+                f"Task {self.id!r}: unknown verifier {self.verifier!r}; expected one of {VERIFIERS}"
+            )
         if not self.question.strip():
             raise ValueError(f"Task {self.id!r}: empty question")
 
