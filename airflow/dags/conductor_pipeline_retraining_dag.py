@@ -79,9 +79,21 @@ def conductor_pipeline():
     def summarise_splits():
         _run_kedro_node(node_names=["summarise_splits"])
 
-    @task(task_id="train-conductor-register-conductor-render-training-report-run-evaluation")
-    def train_conductor_register_conductor_render_training_report_run_evaluation():
-        _run_kedro_node(node_names=["train_conductor", "register_conductor", "render_training_report", "run_evaluation"])
+    @task(task_id="train-conductor")
+    def train_conductor():
+        _run_kedro_node(node_names=["train_conductor"])
+
+    @task(task_id="register-conductor")
+    def register_conductor():
+        _run_kedro_node(node_names=["register_conductor"])
+
+    @task(task_id="render-training-report")
+    def render_training_report():
+        _run_kedro_node(node_names=["render_training_report"])
+
+    @task(task_id="run-evaluation")
+    def run_evaluation():
+        _run_kedro_node(node_names=["run_evaluation"])
 
     @task(task_id="log-conductor-traces")
     def log_conductor_traces():
@@ -114,7 +126,10 @@ def conductor_pipeline():
         "deduplicate-tasks": deduplicate_tasks(),
         "make-splits": make_splits(),
         "summarise-splits": summarise_splits(),
-        "train-conductor-register-conductor-render-training-report-run-evaluation": train_conductor_register_conductor_render_training_report_run_evaluation(),
+        "train-conductor": train_conductor(),
+        "register-conductor": register_conductor(),
+        "render-training-report": render_training_report(),
+        "run-evaluation": run_evaluation(),
         "log-conductor-traces": log_conductor_traces(),
         "summarise-evaluation": summarise_evaluation(),
         "promote-challenger": promote_challenger(),
@@ -128,18 +143,23 @@ def conductor_pipeline():
     tasks["deduplicate-tasks"] >> tasks["make-splits"]
     tasks["deduplicate-tasks"] >> tasks["summarise-splits"]
     tasks["make-splits"] >> tasks["summarise-splits"]
-    tasks["make-splits"] >> tasks["train-conductor-register-conductor-render-training-report-run-evaluation"]
-    tasks["train-conductor-register-conductor-render-training-report-run-evaluation"] >> tasks["log-conductor-traces"]
-    tasks["train-conductor-register-conductor-render-training-report-run-evaluation"] >> tasks["summarise-evaluation"]
-    tasks["train-conductor-register-conductor-render-training-report-run-evaluation"] >> tasks["promote-challenger"]
+    tasks["make-splits"] >> tasks["train-conductor"]
+    tasks["train-conductor"] >> tasks["register-conductor"]
+    tasks["train-conductor"] >> tasks["render-training-report"]
+    tasks["register-conductor"] >> tasks["render-training-report"]
+    tasks["make-splits"] >> tasks["run-evaluation"]
+    tasks["register-conductor"] >> tasks["run-evaluation"]
+    tasks["run-evaluation"] >> tasks["log-conductor-traces"]
+    tasks["run-evaluation"] >> tasks["summarise-evaluation"]
+    tasks["run-evaluation"] >> tasks["promote-challenger"]
     tasks["summarise-evaluation"] >> tasks["promote-challenger"]
     tasks["promote-challenger"] >> tasks["log-promotion-metrics"]
-    tasks["train-conductor-register-conductor-render-training-report-run-evaluation"] >> tasks["render-evaluation-report"]
+    tasks["run-evaluation"] >> tasks["render-evaluation-report"]
     tasks["summarise-evaluation"] >> tasks["render-evaluation-report"]
     tasks["promote-challenger"] >> tasks["render-evaluation-report"]
     tasks["acquire-retraining-lock"] >> tasks["release-retraining-lock"]
     tasks["add-logged-questions"] >> tasks["release-retraining-lock"]
-    tasks["train-conductor-register-conductor-render-training-report-run-evaluation"] >> tasks["release-retraining-lock"]
+    tasks["render-training-report"] >> tasks["release-retraining-lock"]
     tasks["promote-challenger"] >> tasks["release-retraining-lock"]
     tasks["render-evaluation-report"] >> tasks["release-retraining-lock"]
 
