@@ -123,6 +123,13 @@ def _line_plot(ax, series: dict[str, pd.DataFrame], label: str, **style: Any) ->
         ax.plot(part["step"], part["value"], marker=".", label=f"{label} ({stage})", **style)
 
 
+def _step_axis(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("training step")
+
+
 def reward_figure(history: pd.DataFrame):
     """Mean reward per step (± one standard deviation), and the correctness part of it."""
     mean = _require(history, "reward/mean")
@@ -140,7 +147,7 @@ def reward_figure(history: pd.DataFrame):
                 alpha=0.15,
             )
     _line_plot(ax, stage_series(history, "reward/correctness_mean"), "correctness", linestyle="--")
-    ax.set_xlabel("training step")
+    _step_axis(ax)
     ax.set_ylabel("reward")
     ax.set_title("Reward per GRPO step (band: ± one standard deviation across rollouts)")
     ax.grid(True, alpha=0.3)
@@ -157,7 +164,7 @@ def parse_rate_figure(history: pd.DataFrame):
     _line_plot(ax, parse, "parse rate")
     _line_plot(ax, stage_series(history, "rollouts/accuracy"), "accuracy of scored rollouts")
     ax.set_ylim(-0.05, 1.05)
-    ax.set_xlabel("training step")
+    _step_axis(ax)
     ax.set_ylabel("share of rollouts")
     ax.set_title("Workflow parse rate and rollout accuracy")
     ax.grid(True, alpha=0.3)
@@ -196,7 +203,7 @@ def worker_usage_figure(history: pd.DataFrame):
         alpha=0.85,
     )
     ax.set_ylim(0, 1)
-    ax.set_xlabel("training step")
+    _step_axis(ax)
     ax.set_ylabel("share of workflow steps")
     ax.set_title("Which workers the Conductor calls during training")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -213,7 +220,7 @@ def cost_figure(history: pd.DataFrame):
     list_cost = stage_series(history, "workflow/list_cost_usd_mean")
     if list_cost:
         _line_plot(ax, list_cost, "at list price, cache hits included", linestyle=":")
-    ax.set_xlabel("training step")
+    _step_axis(ax)
     ax.set_ylabel("USD per rollout")
     steps = stage_series(history, "workflow/steps_mean")
     if steps:
