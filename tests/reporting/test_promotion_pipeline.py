@@ -172,3 +172,20 @@ def test_registry_composes_the_loop_and_the_evaluation_report_follows_promotion(
     retrain = [n.name for n in pipelines["retraining"].nodes]
     assert retrain[0] == "acquire_retraining_lock" and retrain[-1] == "release_retraining_lock"
     assert retrain.index("add_logged_questions") < retrain.index("deduplicate_tasks")
+    # retraining continues from the champion's adapter; `make run` trains from the base model
+    train = {name: next(n for n in pipelines[name].nodes if n.name == "train_conductor")
+             for name in ("retraining", "__default__")}
+    assert "params:retraining.start_from" in train["retraining"].inputs
+    assert not any(i.startswith("params:retraining") for i in train["__default__"].inputs)
+
+
+def test_an_unresolved_start_reference_trains_from_the_base_model(tmp_path, monkeypatch):
+    from conductor_pipeline.pipelines.training.nodes import _start_adapter
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert _start_adapter(None) is None
+    assert _start_adapter("models:/conductor@champion") is None  # no champion yet
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        _start_adapter(str(tmp_path / "missing"))
+    (tmp_path / "adapter").mkdir()
+    assert _start_adapter(str(tmp_path / "adapter")) == str(tmp_path / "adapter")

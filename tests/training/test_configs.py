@@ -43,8 +43,9 @@ def test_defaults_are_valid():
         ({"grpo": 3}, "training.grpo: must be a mapping"),
         ({"seed": True}, "training.seed: must be an integer"),
         (
-            {"budget": {"max_steps": None}, "prompt": {"worker_descriptions": "long"}},
-            "training.prompt.worker_descriptions",
+            # the prompt is conductor.prompt, shared with evaluation and serving
+            {"budget": {"max_steps": None}, "prompt": {"few_shot": 0}},
+            "training.prompt: unknown key",
         ),
     ],
 )
@@ -106,3 +107,12 @@ def test_planner_falls_back_to_worker_zero_for_unknown_names():
     config = TrainingConfig.from_params({"sft": {"domain_workers": {"math": "nobody"}}})
     planner = ReferencePlanner(["a", "b"], config.sft)
     assert planner.solver(make_task()) == 0
+
+
+def test_planner_writes_a_short_instruction_when_workers_see_the_question():
+    config = TrainingConfig.from_params({"sft": {"verify_share": 0.0}})
+    planner = ReferencePlanner(["a", "b"], config.sft, question_to_workers=True)
+    task = make_task(0, 3, 4)
+    plan = planner.plan(task)
+    subtask = parse_workflow(plan.text, 2).steps[0].subtask
+    assert task.question not in subtask and "final answer" in subtask

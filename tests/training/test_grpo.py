@@ -12,11 +12,10 @@ from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import (
     PoolInfo,
     build_prompt_dataset,
-    conductor_descriptions,
-    prompt_config_from,
     train_conductor,
 )
-from conductor_pipeline.workflow import parse_workflow
+from conductor_pipeline.workflow import conductor_messages, parse_workflow
+from conductor_pipeline.workflow.config import orchestration_config, prompt_config
 
 from .fakes import FakePool, make_task
 
@@ -116,6 +115,7 @@ def test_trl_gives_a_masked_rollout_zero_advantage_and_zero_gradient(tiny_model_
 
 QUESTION = make_task().question
 N_TASKS = 4
+PROMPT = {"few_shot": []}  # conductor.prompt for these runs: no worked examples
 
 
 def _tasks():
@@ -140,7 +140,6 @@ def _config(tiny_model_dir: Path, out: Path, **grpo) -> TrainingConfig:
             },
             "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
             "sft": {"enabled": False},
-            "prompt": {"few_shot": 0, "worker_descriptions": "short"},
             "reward": {"retry_delay_s": 0.0, "infra_retries": 1},
         }
     )
@@ -187,6 +186,7 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
         tasks,
         info,
         config,
+        prompt=PROMPT,
         log_metrics=lambda metrics, step: logged.append((metrics, step)),
         grpo_overrides={"generation_kwargs": _forcing(tokenizer, _branches())},
     )
@@ -195,11 +195,8 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
     saved = json.loads((result.adapter_dir / "conductor_info.json").read_text())
     assert saved["config_fingerprint"] == config.fingerprint()
     assert saved["pool_fingerprint"] == info.fingerprint()
-    assert saved["conductor_descriptions"] == [
-        "Description of sim-good",
-        "Description of sim-bad",
-        "Description of sim-broken",
-    ]
+    assert saved["prompt"] == PROMPT  # the conductor.prompt it was trained with
+    assert saved["conductor_descriptions"] == list(pool.descriptions)
     assert sorted(p.name for p in (result.run_dir / "grpo").glob("checkpoint-*")) == [
         "checkpoint-1",
         "checkpoint-2",
@@ -248,13 +245,21 @@ def test_resume_after_an_interruption_continues_from_the_last_checkpoint(tiny_mo
                 raise Crash("simulated interruption after the step-2 checkpoint")
 
     with pytest.raises(Crash):
-        train_conductor(tasks, info, config, callbacks=[StopAfterTwo()], grpo_overrides=overrides)
+        train_conductor(
+            tasks,
+            info,
+            config,
+            prompt=PROMPT,
+            callbacks=[StopAfterTwo()],
+            grpo_overrides=overrides,
+        )
 
     logged: list[int] = []
     result = train_conductor(
         tasks,
         info,
         config,
+        prompt=PROMPT,
         log_metrics=lambda m, step: logged.append(step),
         grpo_overrides=overrides,
     )
@@ -272,22 +277,42 @@ def test_prompt_dataset_drops_long_prompts_and_keeps_task_columns(tiny_model_dir
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     long_task = make_task(9, 1, 1)
     long_task = type(long_task)(**{**long_task.__dict__, "id": "long", "question": "word " * 400})
-    config = TrainingConfig.from_params({"max_prompt_tokens": 400, "prompt": {"few_shot": 0}})
-    descriptions = conductor_descriptions(["A: x", "B. y"], "short")
-    assert descriptions == ["A", "B"]
+    config = TrainingConfig.from_params({"max_prompt_tokens": 400})
     rows, report = build_prompt_dataset(
         [make_task(0), long_task],
         tokenizer,
-        descriptions,
-        prompt_config_from(config.prompt),
+        ["A: x", "B. y"],
+        prompt_config({"few_shot": []}),
         config,
     )
     assert [r["id"] for r in rows] == ["t0"] and report["dropped_long_prompt"] == 1
     assert rows[0]["prompt"][-1]["content"].endswith(make_task(0).question)
     assert rows[0]["answer"] == "5"
-    assert conductor_descriptions(["A: x"], "none") == [""]
     # the prompt the Conductor sees parses its own format rules
     assert parse_workflow("model_id = [0]\nsubtasks = ['x']\naccess_list = [[]]", 2)
+
+
+def test_training_prompts_are_the_prompts_the_conductor_is_served_with(tiny_model_dir):
+    """Training reads conductor.prompt itself: a copy of it in the training parameters
+    once drifted from what evaluation and serving send (positional access, question to
+    workers), so the trained Conductor was served a prompt it had not seen."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    section = {
+        "few_shot": [],
+        "question_to_workers": True,
+        "positional_access": False,
+        "max_steps": 3,
+    }
+    served = orchestration_config({"prompt": section}).prompt
+    descriptions = ["Description of sim-good", "Description of sim-bad"]
+    rows, _ = build_prompt_dataset(
+        [make_task(0)], tokenizer, descriptions, prompt_config(section), TrainingConfig()
+    )
+    assert rows[0]["prompt"] == conductor_messages(make_task(0).question, descriptions, served)
+    with pytest.raises(ValueError, match="conductor.prompt"):
+        prompt_config({"worker_count": 3})
 
 
 def test_cpu_scoring_matches_trl_fused_lm_head(tiny_model_dir):
@@ -353,6 +378,7 @@ def test_recursion_stage_runs_after_grpo(tiny_model_dir, tmp_path):
         tasks,
         info,
         config,
+        prompt=PROMPT,
         log_metrics=lambda metrics, step: logged.append((metrics, step)),
         grpo_overrides={
             "generation_kwargs": _forcing(tokenizer, branches),
@@ -365,3 +391,52 @@ def test_recursion_stage_runs_after_grpo(tiny_model_dir, tmp_path):
     assert recursion["recursion/recursion/rate"] == pytest.approx(0.5)
     assert "recursion/reward/mean" in recursion
     assert (result.run_dir / "recursion" / "final" / "adapter_config.json").is_file()
+
+
+def test_training_continues_from_a_start_adapter_instead_of_the_warm_start(
+    tiny_model_dir, tmp_path
+):
+    """Retraining starts from the champion's adapter: the SFT warm start is skipped, the
+    run gets its own fingerprint, and the weights it starts from are the adapter's."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = _tasks()
+    pool = FakePool(tasks)
+    info = PoolInfo(pool, pool.names, pool.descriptions, pool.prices)
+    # two steps: the learning rate of the first one is 0 (schedule warm-up)
+    config = _config(tiny_model_dir, tmp_path / "out", max_steps=2, prompts_per_step=1)
+    first = train_conductor(
+        tasks,
+        info,
+        config,
+        prompt=PROMPT,
+        grpo_overrides={"generation_kwargs": _forcing(tokenizer, _branches()[:2])},
+    )
+    start = first.adapter_dir
+    with_sft = TrainingConfig.from_params(
+        {**config.to_dict(), "sft": {"enabled": True, "n_examples": 2, "max_steps": 1}}
+    )
+    # one branch only: every rollout gets the same reward, so the advantages are 0 and the
+    # step leaves the weights where they started
+    second = train_conductor(
+        tasks,
+        info,
+        with_sft,
+        prompt=PROMPT,
+        start_adapter=start,
+        grpo_overrides={"generation_kwargs": _forcing(tokenizer, _branches()[:1])},
+    )
+    assert second.sft is None and second.start_adapter == str(start)
+    assert second.run_fingerprint != first.run_fingerprint
+    assert not (second.run_dir / "sft").exists()
+    before = load_file(str(start / "adapter_model.safetensors"))
+    after = load_file(str(second.adapter_dir / "adapter_model.safetensors"))
+    assert before.keys() == after.keys()
+    assert any(t.abs().sum() > 0 for k, t in before.items() if "lora_B" in k)  # not a fresh LoRA
+    for key in before:
+        torch.testing.assert_close(after[key], before[key])
+    saved = json.loads((second.adapter_dir / "conductor_info.json").read_text())
+    assert saved["start_adapter"] == str(start)

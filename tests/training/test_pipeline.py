@@ -21,7 +21,8 @@ def test_pipeline_shape_and_catalog_entries():
     pipeline = create_pipeline()
     assert {n.name for n in pipeline.nodes} == {"train_conductor", "register_conductor"}
     params = [i for n in pipeline.nodes for i in n.inputs if i.startswith("params:")]
-    assert params == ["params:training"]  # one params input: logged once, nothing else
+    # the training parameters and the Conductor prompt shared with evaluation and serving
+    assert params == ["params:training", "params:conductor.prompt"]
     catalog = yaml.safe_load((ROOT / "conf" / "base" / "catalog_training.yml").read_text())
     assert set(pipeline.all_outputs()) <= set(catalog)
     # worker configuration arrives as datasets (project hook), never as params
@@ -63,11 +64,12 @@ def test_train_and_register_a_conductor_version(tiny_model_dir, tmp_path, monkey
         },
         "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
         "sft": {"enabled": True, "n_examples": 4, "max_steps": 1, "batch_size": 2},
-        "prompt": {"few_shot": 0, "worker_descriptions": "short"},
     }
     frame = pd.DataFrame([t.to_record() for t in tasks])
     with mlflow.start_run() as run:
-        info, history = training_nodes.train_conductor_node(frame, params, {"kind": "sandbox"}, {})
+        info, history = training_nodes.train_conductor_node(
+            frame, params, {"few_shot": []}, {"kind": "sandbox"}, {}
+        )
         version = training_nodes.register_conductor(info)
     assert info["global_step"] == 1 and info["sft"]["steps"] == 1
     assert list(history["step"]) == [1.0]

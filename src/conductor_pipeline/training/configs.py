@@ -12,8 +12,11 @@ Layout of the ``training`` mapping (every key optional; defaults are the sandbox
     reward:    the 0 / 0.5 / 1 values, the optional cost term, infra-failure retries
     sft:       the scripted warm start (on in the sandbox, off at full scale)
     recursion: the optional recursion fine-tune stage
-    prompt:    what the Conductor prompt says (question_to_workers, max_steps)
     budget:    hard per-rollout limits on worker steps, tokens and dollars
+
+The prompt is not here: training writes its prompts from ``conductor.prompt``
+(``conf/*/parameters_conductor.yml``), the same settings evaluation, serving and
+``conductor ask`` use, so the Conductor is trained on the prompt it is later served with.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ __all__ = [
     "BudgetSettings",
     "GRPOSettings",
     "LoraSettings",
-    "PromptSettings",
     "RecursionSettings",
     "RewardConfig",
     "SFTSettings",
@@ -251,35 +253,6 @@ class RecursionSettings:
         _check(self.max_steps >= 1, "max_steps must be at least 1")
 
 
-DESCRIPTION_MODES = ("full", "short", "none")
-
-
-@dataclass(frozen=True)
-class PromptSettings:
-    """What the Conductor prompt holds (see ``workflow.PromptConfig``).
-
-    ``few_shot``: how many of the default worked examples to include (null: all of them;
-    the sandbox uses 0 because the SFT warm start teaches the format and every prompt token
-    costs CPU time). ``worker_descriptions``: ``full`` pool descriptions, ``short`` (the
-    text before the first colon or full stop, at most 60 characters) or ``none`` (bare
-    ordinals, as in the paper).
-    """
-
-    question_to_workers: bool = False
-    max_steps: int = 5
-    few_shot: int | None = None
-    worker_descriptions: str = "full"
-
-    def __post_init__(self) -> None:
-        _check(self.max_steps >= 1, "max_steps must be at least 1")
-        if self.few_shot is not None:
-            _check(self.few_shot >= 0, "few_shot must be >= 0 or null")
-        _check(
-            self.worker_descriptions in DESCRIPTION_MODES,
-            f"worker_descriptions must be one of {DESCRIPTION_MODES}",
-        )
-
-
 @dataclass(frozen=True)
 class BudgetSettings:
     """Hard limits per executed workflow (``workflow.Budget``); null = unlimited."""
@@ -314,7 +287,6 @@ class TrainingConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTSettings = field(default_factory=SFTSettings)
     recursion: RecursionSettings = field(default_factory=RecursionSettings)
-    prompt: PromptSettings = field(default_factory=PromptSettings)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -34,7 +35,6 @@ from typing import Any
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import (
     SMOLLM2,
-    PromptSettings,
     TrainingConfig,
     stable_hash,
 )
@@ -45,7 +45,8 @@ from conductor_pipeline.training.rewards import (
     task_columns,
 )
 from conductor_pipeline.workers.types import WorkerCaller
-from conductor_pipeline.workflow import DEFAULT_FEW_SHOT, Budget, PromptConfig, conductor_messages
+from conductor_pipeline.workflow import Budget, PromptConfig, conductor_messages
+from conductor_pipeline.workflow.config import prompt_config as conductor_prompt_config
 
 __all__ = [
     "MetricsCallback",
@@ -53,10 +54,8 @@ __all__ = [
     "PoolInfo",
     "TrainingResult",
     "build_prompt_dataset",
-    "conductor_descriptions",
     "data_version",
     "grpo_args",
-    "prompt_config_from",
     "train_conductor",
 ]
 
@@ -150,38 +149,6 @@ class PoolInfo:
 
 
 # -- prompts and data -------------------------------------------------------------------------------
-
-
-def prompt_config_from(settings: PromptSettings) -> PromptConfig:
-    """The ``PromptConfig`` used for training prompts, rollouts and (later) serving."""
-    few_shot = list(DEFAULT_FEW_SHOT)
-    if settings.few_shot is not None:
-        few_shot = few_shot[: settings.few_shot]
-    return PromptConfig(
-        few_shot=few_shot,
-        question_to_workers=settings.question_to_workers,
-        max_steps=settings.max_steps,
-    )
-
-
-def _short(description: str, limit: int = 60) -> str:
-    text = " ".join(str(description).split())
-    cut = len(text)
-    for mark in (":", ". "):
-        pos = text.find(mark)
-        if 0 < pos < cut:
-            cut = pos
-    text = text[:cut].rstrip(" .")
-    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
-
-
-def conductor_descriptions(descriptions: Sequence[str], mode: str) -> list[str]:
-    """Worker descriptions as the Conductor sees them (``full``/``short``/``none``)."""
-    if mode == "full":
-        return [str(d) for d in descriptions]
-    if mode == "short":
-        return [_short(d) for d in descriptions]
-    return ["" for _ in descriptions]
 
 
 def data_version(tasks: Sequence[Task]) -> str:
@@ -656,6 +623,7 @@ class TrainingResult:
     prompt: dict[str, Any]
     sft: dict[str, Any] | None = None
     recursion_steps: int = 0
+    start_adapter: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -676,6 +644,7 @@ class TrainingResult:
             "conductor_descriptions": self.conductor_descriptions,
             "prompt": self.prompt,
             "sft": self.sft,
+            "start_adapter": self.start_adapter,
         }
 
 
@@ -686,6 +655,17 @@ def _last_checkpoint(folder: Path) -> Path | None:
 
     found = get_last_checkpoint(str(folder))
     return Path(found) if found else None
+
+
+def _adapter_hash(folder: Path) -> str:
+    """Identity of a LoRA folder: sha256 of its config and weight files."""
+    if not _adapter_ready(folder):
+        raise FileNotFoundError(f"start adapter {folder}: no adapter_config.json there")
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("adapter_*")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _adapter_ready(folder: Path) -> bool:
@@ -775,10 +755,20 @@ def train_conductor(
     *,
     log_metrics: LogMetrics | None = None,
     output_dir: str | Path | None = None,
+    prompt: Mapping[str, Any] | None = None,
+    start_adapter: str | Path | None = None,
     callbacks: Sequence[Any] = (),
     grpo_overrides: Mapping[str, Any] | None = None,
 ) -> TrainingResult:
     """Train the Conductor on ``tasks`` (the train split) with workers from ``pool``.
+
+    ``prompt`` is the ``conductor.prompt`` mapping (null: the defaults of ``PromptConfig``):
+    the Conductor is trained on the prompt it is evaluated and served with, and the mapping
+    is stored with the adapter and is part of the run fingerprint.
+
+    ``start_adapter``: a LoRA folder to continue from (scheduled retraining starts from the
+    champion's adapter); it replaces the SFT warm start, and a hash of its weights is part
+    of the run fingerprint, so a new champion starts a new run folder.
 
     Stages: SFT warm start (``config.sft.enabled``), GRPO (``config.grpo``), recursion
     fine-tune (``config.recursion.enabled``). Returns where the final adapter is and the
@@ -790,11 +780,14 @@ def train_conductor(
     timings: dict[str, float] = {}
     started = time.perf_counter()
     root = Path(output_dir or config.output_dir)
-    descriptions = conductor_descriptions(pool.descriptions, config.prompt.worker_descriptions)
-    prompt_config = prompt_config_from(config.prompt)
+    descriptions = list(pool.descriptions)
+    prompt = dict(prompt or {})
+    prompt_config = conductor_prompt_config(prompt)
     train_tasks = list(tasks)
     fingerprints = {
         "config": config.fingerprint(),
+        "prompt": stable_hash(prompt),
+        "start_adapter": _adapter_hash(Path(start_adapter)) if start_adapter else None,
         "data": data_version(train_tasks),
         "pool": pool.fingerprint(),
         "base_model": config.base_model,
@@ -803,7 +796,9 @@ def train_conductor(
     run_dir = root / "runs" / run_fp
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(
-        json.dumps({"fingerprints": fingerprints, "config": config.to_dict()}, indent=2)
+        json.dumps(
+            {"fingerprints": fingerprints, "config": config.to_dict(), "prompt": prompt}, indent=2
+        )
     )
 
     _, tokenizer = _load_tokenizer(config)
@@ -811,9 +806,11 @@ def train_conductor(
     log.info("training prompts: %s", report)
     history: list[dict[str, float]] = []
 
-    init_adapter: Path | None = None
+    init_adapter: Path | None = Path(start_adapter) if start_adapter else None
     sft_info: dict[str, Any] | None = None
-    if config.sft.enabled:
+    if init_adapter is not None:
+        log.info("continuing from adapter %s (no SFT warm start)", init_adapter)
+    elif config.sft.enabled:
         if not config.lora.enabled:
             raise ValueError(
                 "training.sft.enabled needs training.lora.enabled (the warm start is a LoRA)"
@@ -927,14 +924,10 @@ def train_conductor(
         history=history,
         worker_names=list(pool.names),
         conductor_descriptions=descriptions,
-        prompt={
-            "few_shot": config.prompt.few_shot,
-            "worker_descriptions": config.prompt.worker_descriptions,
-            "question_to_workers": config.prompt.question_to_workers,
-            "max_steps": config.prompt.max_steps,
-        },
+        prompt=prompt,
         sft=sft_info,
         recursion_steps=recursion_steps,
+        start_adapter=str(start_adapter) if start_adapter else None,
     )
     (adapter_dir / ADAPTER_INFO_FILE).write_text(json.dumps(result.to_dict(), indent=2))
     return result

@@ -6,8 +6,9 @@ plausible for the sandbox pool, so that GRPO starts from completions that parse.
 
 1. The worker is ``domain_workers[task.domain]`` (a worker *name* from the training
    config), else ``default_worker``; a name the pool does not have falls back to worker 0.
-2. Step 0 gives that worker the **full question** plus an instruction to show its work and
-   end with the final answer (workers do not see the question unless the subtask carries it).
+2. Step 0 asks that worker to solve the question and end with the final answer. When
+   workers do not see the question (``question_to_workers: false``) the subtask carries
+   the **full question**; when they do, a short instruction is enough.
 3. For a deterministic ``verify_share`` of the tasks (a hash of the task id and the seed),
    a second step asks ``verifier_worker`` to check step 0's attempt, which it sees through
    its access list, and to state the final answer.
@@ -28,6 +29,7 @@ __all__ = ["PlannedWorkflow", "ReferencePlanner"]
 
 # Short on purpose: a 135M model learns to copy these in a few SFT steps.
 _SOLVE = "{question}\nEnd with the final answer."
+_SOLVE_SEEN = "Solve the question step by step and end with the final answer."
 _CHECK = "Check the answer above and give the correct final answer."
 
 
@@ -51,12 +53,20 @@ def _unit(*parts: object) -> float:
 class ReferencePlanner:
     """Builds the scripted workflow for a task over a pool given by its worker names."""
 
-    def __init__(self, worker_names: Sequence[str], settings: SFTSettings, seed: int = 0) -> None:
+    def __init__(
+        self,
+        worker_names: Sequence[str],
+        settings: SFTSettings,
+        seed: int = 0,
+        *,
+        question_to_workers: bool = False,
+    ) -> None:
         if not worker_names:
             raise ValueError("the reference planner needs a non-empty worker pool")
         self.worker_names = list(worker_names)
         self.settings = settings
         self.seed = seed
+        self.question_to_workers = question_to_workers
 
     def worker_for(self, name: str) -> int:
         try:
@@ -73,7 +83,12 @@ class ReferencePlanner:
 
     def plan(self, task: Task) -> PlannedWorkflow:
         solver = self.solver(task)
-        steps = [Step(solver, _SOLVE.format(question=task.question.strip()))]
+        solve = (
+            _SOLVE_SEEN
+            if self.question_to_workers
+            else _SOLVE.format(question=task.question.strip())
+        )
+        steps = [Step(solver, solve)]
         kind = task.domain.replace("_", " ")
         if self.wants_check(task):
             checker = self.worker_for(self.settings.verifier_worker)

@@ -52,7 +52,9 @@ def build_sft_examples(
 
     Each row also carries ``task_id`` and the planned ``workflow_text`` for inspection.
     """
-    planner = ReferencePlanner(worker_names, settings, seed=seed)
+    planner = ReferencePlanner(
+        worker_names, settings, seed=seed, question_to_workers=prompt_config.question_to_workers
+    )
     chosen = list(tasks)
     random.Random(seed).shuffle(chosen)
     chosen = chosen[: settings.n_examples]

@@ -60,6 +60,21 @@ def _section(params: Mapping[str, Any], name: str) -> dict[str, Any]:
     return dict(section)
 
 
+def prompt_config(section: Mapping[str, Any] | None) -> PromptConfig:
+    """``PromptConfig`` from ``conductor.prompt``; training builds its prompts from it too.
+
+    ``few_shot``: a list of examples, ``[]`` for none, or null / ``default`` for the
+    built-in worked examples.
+    """
+    prompt = _section({"prompt": section}, "prompt")
+    if prompt.get("few_shot") in (None, "default"):
+        prompt.pop("few_shot", None)
+    try:
+        return PromptConfig(**prompt)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"conductor.prompt: {err}") from err
+
+
 def orchestration_config(params: Mapping[str, Any]) -> OrchestrationConfig:
     """``OrchestrationConfig`` from the ``conductor`` mapping; errors name the bad key."""
     unknown = set(params) - _TOP_KEYS
@@ -67,11 +82,9 @@ def orchestration_config(params: Mapping[str, Any]) -> OrchestrationConfig:
         raise ValueError(
             f"conductor: unknown key(s) {sorted(unknown)}; expected {sorted(_TOP_KEYS)}"
         )
-    sampling, prompt, budget = (_section(params, name) for name in ("sampling", "prompt", "budget"))
+    sampling, budget = (_section(params, name) for name in ("sampling", "budget"))
     _section(params, "policy")
-    if "few_shot" in prompt and prompt["few_shot"] in (None, "default"):
-        prompt.pop("few_shot")
-    max_steps = int(prompt.get("max_steps", 5))
+    prompt = prompt_config(params.get("prompt"))
     try:
         return OrchestrationConfig(
             temperature=float(sampling.get("temperature", 0.7)),
@@ -79,8 +92,8 @@ def orchestration_config(params: Mapping[str, Any]) -> OrchestrationConfig:
             seed=int(sampling.get("seed", 0)),
             max_parse_attempts=int(params.get("max_parse_attempts", 5)),
             max_rounds=int(params.get("max_rounds", 0)),
-            prompt=PromptConfig(**prompt),
-            limits=ParseLimits(max_steps=max_steps),
+            prompt=prompt,
+            limits=ParseLimits(max_steps=prompt.max_steps),
             budget=Budget(
                 max_steps=budget.get("max_steps"),
                 max_tokens=budget.get("max_tokens"),

@@ -29,7 +29,7 @@ from conductor_pipeline.tasks import Task
 
 logger = logging.getLogger(__name__)
 
-_KNOWN_KEYS = {"lock", "logged_questions"}
+_KNOWN_KEYS = {"start_from", "lock", "logged_questions"}
 
 
 class RetrainingLocked(RuntimeError):

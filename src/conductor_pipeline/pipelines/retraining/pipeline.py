@@ -1,5 +1,5 @@
 """retraining: lock → data_prep on fresh data (configured sources + logged questions) →
-training → evaluation → promotion → reports → unlock. Composed from the other pipelines,
+training from the champion's adapter → evaluation → promotion → reports → unlock. Composed from the other pipelines,
 so a change to any stage reaches the scheduled run too."""
 
 from kedro.pipeline import Node, Pipeline
@@ -54,7 +54,7 @@ def create_pipeline(**kwargs) -> Pipeline:
         bookends
         + collect
         + rest_of_prep
-        + training.create_pipeline()
+        + training.create_pipeline(start_from="params:retraining.start_from")
         + evaluation.create_pipeline(after_training=True)
         + promotion.create_pipeline()
         + reporting.create_pipeline()

@@ -36,9 +36,10 @@ class ConductorModel(mlflow.pyfunc.PythonModel):
     """
 
     def load_context(self, context: Any) -> None:
-        from conductor_pipeline.training.configs import SMOLLM2, PromptSettings
-        from conductor_pipeline.training.grpo import ADAPTER_INFO_FILE, prompt_config_from
+        from conductor_pipeline.training.configs import SMOLLM2
+        from conductor_pipeline.training.grpo import ADAPTER_INFO_FILE
         from conductor_pipeline.workflow import LocalPolicy
+        from conductor_pipeline.workflow.config import prompt_config
 
         self.adapter_dir = Path(context.artifacts[ADAPTER_ARTIFACT])
         info = json.loads((self.adapter_dir / ADAPTER_INFO_FILE).read_text())
@@ -46,15 +47,8 @@ class ConductorModel(mlflow.pyfunc.PythonModel):
         base = config.get("base_model_path") or info["base_model"]
         self.info = info
         self.descriptions = list(info["conductor_descriptions"])
-        prompt = info.get("prompt") or {}
-        self.prompt_config = prompt_config_from(
-            PromptSettings(
-                question_to_workers=bool(prompt.get("question_to_workers", False)),
-                max_steps=int(prompt.get("max_steps", 5)),
-                few_shot=prompt.get("few_shot"),
-                worker_descriptions=str(prompt.get("worker_descriptions", "full")),
-            )
-        )
+        # the conductor.prompt the adapter was trained with
+        self.prompt_config = prompt_config(info.get("prompt"))
         self.max_tokens = int(config.get("max_completion_length", 512))
         self.policy = LocalPolicy(
             model_dir=None if base == SMOLLM2 else base, adapter_dir=self.adapter_dir

@@ -1,7 +1,8 @@
 """training nodes: thin wrappers around ``conductor_pipeline.training``.
 
-Only ``train_conductor`` takes parameters (``params:training``), so kedro-mlflow logs the
-training parameters once; worker configurations never pass through ``params:``.
+Only ``train_conductor`` takes parameters (``params:training`` and ``params:conductor.prompt``,
+the prompt shared with evaluation and serving), so kedro-mlflow logs them once; worker
+configurations never pass through ``params:``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import mlflow
 import pandas as pd
 
 from conductor_pipeline.paths import project_root
+from conductor_pipeline.registry import resolve_adapter
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import PoolInfo, train_conductor
@@ -41,23 +43,51 @@ def _tasks(frame: pd.DataFrame) -> list[Task]:
     return [Task.from_record(row) for row in frame.to_dict(orient="records")]
 
 
+def _start_adapter(start_from: str | None) -> str | None:
+    if not start_from:
+        return None
+    if str(start_from).startswith("models:/"):
+        adapter = resolve_adapter(str(start_from), required=False)
+        if adapter is None:
+            logger.warning("%s does not resolve yet: training from the base model", start_from)
+        else:
+            logger.info("training continues from %s (%s)", start_from, adapter)
+        return adapter
+    folder = Path(start_from)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"start_from: adapter folder {folder} does not exist")
+    return str(folder)
+
+
 def train_conductor_node(
     train_tasks: pd.DataFrame,
     params: dict[str, Any],
+    prompt: dict[str, Any] | None,
     worker_pool_config: dict[str, Any],
     worker_credentials: dict[str, Any],
+    start_from: str | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """SFT warm start (optional) + GRPO (+ recursion stage) on the train split.
+
+    ``start_from`` (retraining): a registry reference such as ``models:/conductor@champion``
+    or a LoRA folder to continue from instead of the warm start; a reference that does not
+    resolve yet (no champion in a fresh project) trains from the base model.
 
     Returns the adapter info (where the adapter is, fingerprints, timings) and the per-step
     metrics history; per-step metrics also go live to the MLflow run.
     """
     config = TrainingConfig.from_params(params)
     tasks = _tasks(train_tasks)
+    start_adapter = _start_adapter(start_from)
     # the configured pool; the sandbox server is started when the pool is the sandbox
     with open_worker_pool(worker_pool_config, worker_credentials, root=project_root()) as pool:
         result = train_conductor(
-            tasks, PoolInfo.from_pool(pool), config, log_metrics=log_metrics_to_mlflow
+            tasks,
+            PoolInfo.from_pool(pool),
+            config,
+            prompt=prompt,
+            start_adapter=start_adapter,
+            log_metrics=log_metrics_to_mlflow,
         )
     info = result.to_dict()
     log_metrics_to_mlflow(

@@ -5,12 +5,21 @@ from kedro.pipeline import Node, Pipeline
 from conductor_pipeline.pipelines.training.nodes import register_conductor, train_conductor_node
 
 
-def create_pipeline(**kwargs) -> Pipeline:
+def create_pipeline(start_from: str | None = None, **kwargs) -> Pipeline:
+    """``start_from``: a ``params:`` input naming the adapter to continue from (retraining
+    passes ``params:retraining.start_from``); without it training starts from the base model."""
+    inputs = [
+        "train_tasks",
+        "params:training",
+        "params:conductor.prompt",
+        "worker_pool_config",
+        "worker_credentials",
+    ]
     return Pipeline(
         [
             Node(
                 train_conductor_node,
-                ["train_tasks", "params:training", "worker_pool_config", "worker_credentials"],
+                inputs + ([start_from] if start_from else []),
                 ["conductor_adapter_info", "training_history"],
                 name="train_conductor",
             ),
