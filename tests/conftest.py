@@ -18,6 +18,7 @@ os.environ.update(_OFFLINE)
 
 
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -34,3 +35,55 @@ def isolated_mlflow_store(tmp_path_factory, monkeypatch):
         while mlflow.active_run() is not None:
             mlflow.end_run()
         mlflow.set_tracking_uri(f"sqlite:///{store}")  # undo the test's or kedro-mlflow's choice
+
+
+# -- a tiny random policy model, shared by the training and evaluation tests --------------
+
+
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer: from the plain-copy cache if present, else from the GGUF."""
+    from transformers import AutoTokenizer
+
+    from conductor_pipeline.workers.local_model import (
+        _cache_complete,
+        default_cache_dir,
+        smollm2_gguf_path,
+    )
+
+    cache = default_cache_dir()
+    if _cache_complete(cache):
+        tokenizer = AutoTokenizer.from_pretrained(cache)
+    else:
+        gguf = smollm2_gguf_path()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A 6.4M-parameter random LlamaForCausalLM + SmolLM2 tokenizer (stack-notes §9)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = smollm2_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

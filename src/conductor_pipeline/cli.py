@@ -7,22 +7,14 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 from typing import Any
 
 import click
 
-for _name, _value in {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "KEDRO_DISABLE_TELEMETRY": "true",
-    "TOKENIZERS_PARALLELISM": "false",
-}.items():
-    # offline unless the user deliberately set otherwise
-    os.environ.setdefault(_name, _value)
+from conductor_pipeline.offline import apply_offline_defaults
+
+apply_offline_defaults()  # before anything imports litellm or transformers
 
 
 def _print_event(kind: str, payload: Any) -> None:

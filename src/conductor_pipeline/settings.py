@@ -1,9 +1,13 @@
 """Kedro project settings: https://docs.kedro.org/en/stable/kedro_project_setup/settings.html"""
 
-from kedro.config import OmegaConfigLoader
+from conductor_pipeline.offline import apply_offline_defaults
 
-from conductor_pipeline.hooks import ProjectHooks
-from conductor_pipeline.paths import project_root
+apply_offline_defaults()  # `kedro run` / `kedro jupyter` without the Makefile stay offline too
+
+from kedro.config import OmegaConfigLoader  # noqa: E402
+
+from conductor_pipeline.hooks import ProjectHooks  # noqa: E402
+from conductor_pipeline.paths import project_root  # noqa: E402
 
 
 def _project_root_resolver(*_: str) -> str:

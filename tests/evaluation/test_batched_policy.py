@@ -3,59 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
 from conductor_pipeline.evaluation import BatchingPolicy
 from conductor_pipeline.workflow import LocalPolicy
-
-
-def _tokenizer():
-    from transformers import AutoTokenizer
-
-    from conductor_pipeline.workers.local_model import (
-        _cache_complete,
-        default_cache_dir,
-        smollm2_gguf_path,
-    )
-
-    cache = default_cache_dir()
-    if _cache_complete(cache):
-        tokenizer = AutoTokenizer.from_pretrained(cache)
-    else:
-        gguf = smollm2_gguf_path()
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = _tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    folder = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Plan a workflow for: what is 2 + 2?"}],
@@ -71,8 +23,8 @@ CONVERSATIONS = [
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_batched_rows_equal_one_at_a_time_and_ignore_their_batch(tiny_model, temperature):
-    policy = LocalPolicy(model_dir=tiny_model)
+def test_batched_rows_equal_one_at_a_time_and_ignore_their_batch(tiny_model_dir, temperature):
+    policy = LocalPolicy(model_dir=tiny_model_dir)
     seeds = [11, 12, 13]
 
     async def go():
@@ -97,8 +49,8 @@ def test_batched_rows_equal_one_at_a_time_and_ignore_their_batch(tiny_model, tem
         asyncio.run(policy.complete_many(CONVERSATIONS, temperature=0.0, max_tokens=4, seeds=[1]))
 
 
-def test_batching_wrapper_groups_concurrent_requests(tiny_model):
-    policy = BatchingPolicy(LocalPolicy(model_dir=tiny_model), max_batch=2, wait_s=0.05)
+def test_batching_wrapper_groups_concurrent_requests(tiny_model_dir):
+    policy = BatchingPolicy(LocalPolicy(model_dir=tiny_model_dir), max_batch=2, wait_s=0.05)
 
     async def go():
         return await asyncio.gather(
@@ -128,8 +80,8 @@ SHARED = [
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model, temperature):
-    policy = LocalPolicy(model_dir=tiny_model)
+def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model_dir, temperature):
+    policy = LocalPolicy(model_dir=tiny_model_dir)
     seeds = [3, 4, 5]
 
     async def go():
