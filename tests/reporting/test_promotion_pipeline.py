@@ -173,8 +173,10 @@ def test_registry_composes_the_loop_and_the_evaluation_report_follows_promotion(
     assert retrain[0] == "acquire_retraining_lock" and retrain[-1] == "release_retraining_lock"
     assert retrain.index("add_logged_questions") < retrain.index("deduplicate_tasks")
     # retraining continues from the champion's adapter; `make run` trains from the base model
-    train = {name: next(n for n in pipelines[name].nodes if n.name == "train_conductor")
-             for name in ("retraining", "__default__")}
+    train = {
+        name: next(n for n in pipelines[name].nodes if n.name == "train_conductor")
+        for name in ("retraining", "__default__")
+    }
     assert "params:retraining.start_from" in train["retraining"].inputs
     assert not any(i.startswith("params:retraining") for i in train["__default__"].inputs)
 
