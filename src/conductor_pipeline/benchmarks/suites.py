@@ -347,3 +347,84 @@ def serving_load() -> dict[str, Any]:
         "in_flight_after": in_flight_after,
         "policy": "scripted (one step to sim-abacus), sandbox latency 0, cache off",
     }
+
+
+@benchmark("rewards")
+def rollout_scoring() -> dict[str, Any]:
+    """GRPO reward throughput in the sandbox: 64 rollouts (16 prepared questions × a group of
+    4; one- and two-step workflows) parsed, executed on the simulated workers at the sandbox's
+    latency scale (0.02) and verified, first with an empty response cache, then again with
+    the cache warm (every worker reply a hit)."""
+    import asyncio
+    import tempfile
+    from pathlib import Path
+
+    import pandas as pd
+
+    from conductor_pipeline.tasks import Task
+    from conductor_pipeline.training.configs import RewardConfig
+    from conductor_pipeline.training.rewards import ConductorReward
+    from conductor_pipeline.workers import ResponseCache, WorkerPool
+    from conductor_pipeline.workers.sandbox import SandboxServer
+    from conductor_pipeline.workflow import PromptConfig
+
+    group = 4
+    tasks = [
+        Task(
+            f"bench/add/{i}",
+            "math",
+            "easy",
+            f"Compute the sum of {1000 + i} and 4321.",
+            str(5321 + i),
+            "number",
+            "numeric",
+            "bench",
+        )
+        for i in range(16)
+    ]
+    plans = [
+        "Worker 1 computes it.\nmodel_id = [1]\nsubtasks = ['Solve the question.']\n"
+        "access_list = [[]]",
+        "Worker 4 tries, Worker 0 checks.\nmodel_id = [4, 0]\nsubtasks = ['Solve the question.',"
+        " 'Check the answer above.']\naccess_list = [[], 'all']",
+    ]
+    texts = [plans[i % 2] for i in range(len(tasks) * group)]
+    batch = [task for task in tasks for _ in range(group)]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path = folder / "tasks.parquet"
+        pd.DataFrame([t.to_record() for t in tasks]).to_parquet(path)
+        with SandboxServer(tasks_paths=[path], latency_scale=0.02, load_real_model=False) as server:
+            entries = [e for e in server.pool_config() if e["name"] != "smollm2-135m"]
+
+            async def run() -> dict[str, Any]:
+                pool = WorkerPool.from_config(
+                    {"workers": entries}, cache=ResponseCache(folder / "cache.sqlite")
+                )
+                reward = ConductorReward(
+                    pool,
+                    pool.names,
+                    pool.descriptions,
+                    PromptConfig(question_to_workers=True),
+                    RewardConfig(),
+                    num_generations=group,
+                )
+                seconds = []
+                for _ in ("cold", "warm"):
+                    start = time.perf_counter()
+                    scores = await reward.score_batch(texts, batch)
+                    seconds.append(time.perf_counter() - start)
+                    assert all(s.parsed for s in scores)
+                await pool.aclose()
+                n = len(texts)
+                return {
+                    "rollouts": n,
+                    "cold_cache_rollouts_per_s": n / seconds[0],
+                    "warm_cache_rollouts_per_s": n / seconds[1],
+                    "cold_s": seconds[0],
+                    "warm_s": seconds[1],
+                    # the plans alternate one and two steps
+                    "worker_calls_per_pass": sum(1 + i % 2 for i in range(n)),
+                }
+
+            return asyncio.run(run())
