@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from conductor_pipeline.offline import apply_offline_defaults
+from conductor_pipeline.registry import local_adapter
 
 apply_offline_defaults()  # before anything imports litellm or transformers
 
@@ -56,17 +57,6 @@ def _pick_sample_question(root, seed: int) -> str:
     return random.Random(seed).choice(questions)
 
 
-def _resolve_adapter(reference: str | None, explicit: bool) -> str | None:
-    """A local adapter folder for a path or a registry reference (``models:/conductor@champion``)."""
-    if not reference:
-        return None
-    if reference.startswith("models:/"):
-        from conductor_pipeline.registry import resolve_adapter
-
-        return resolve_adapter(reference, required=explicit)
-    return reference
-
-
 def cmd_ask(args: argparse.Namespace) -> int:
     from conductor_pipeline.project import load_project_config
     from conductor_pipeline.workers.runtime import open_worker_pool
@@ -78,8 +68,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     orchestration = orchestration_config(params)
     if args.max_rounds is not None:
         orchestration.max_rounds = args.max_rounds
-    adapter = _resolve_adapter(
-        args.adapter or params.get("policy", {}).get("adapter"), explicit=bool(args.adapter)
+    adapter = local_adapter(
+        args.adapter or params.get("policy", {}).get("adapter"), required=bool(args.adapter)
     )
     policy = build_policy(params.get("policy") or {}, adapter_dir=adapter)
     question = _pick_sample_question(config.root, args.seed) if args.sample else args.question

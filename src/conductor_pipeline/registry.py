@@ -63,3 +63,14 @@ def resolve_adapter(reference: str, *, required: bool = True) -> str | None:
         logger.warning(message)
         return None
     return str(adapter)
+
+
+def local_adapter(reference: str | None, *, required: bool = True) -> str | None:
+    """The local LoRA folder for ``reference``: a registry reference
+    (``models:/conductor@champion``, resolved with :func:`resolve_adapter`) or a folder path,
+    returned as given. ``None`` or empty gives ``None`` (no adapter)."""
+    if not reference:
+        return None
+    if str(reference).startswith("models:/"):
+        return resolve_adapter(str(reference), required=required)
+    return str(reference)

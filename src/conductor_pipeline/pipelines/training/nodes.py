@@ -16,7 +16,7 @@ import mlflow
 import pandas as pd
 
 from conductor_pipeline.paths import project_root
-from conductor_pipeline.registry import resolve_adapter
+from conductor_pipeline.registry import local_adapter
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import PoolInfo, train_conductor
@@ -44,19 +44,14 @@ def _tasks(frame: pd.DataFrame) -> list[Task]:
 
 
 def _start_adapter(start_from: str | None) -> str | None:
-    if not start_from:
-        return None
-    if str(start_from).startswith("models:/"):
-        adapter = resolve_adapter(str(start_from), required=False)
-        if adapter is None:
-            logger.warning("%s does not resolve yet: training from the base model", start_from)
-        else:
-            logger.info("training continues from %s (%s)", start_from, adapter)
-        return adapter
-    folder = Path(start_from)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"start_from: adapter folder {folder} does not exist")
-    return str(folder)
+    adapter = local_adapter(start_from, required=False)
+    if start_from and adapter is None:
+        logger.warning("%s does not resolve yet: training from the base model", start_from)
+    elif adapter is not None and not Path(adapter).is_dir():
+        raise FileNotFoundError(f"start_from: adapter folder {adapter} does not exist")
+    elif adapter is not None:
+        logger.info("training continues from %s (%s)", start_from, adapter)
+    return adapter
 
 
 def train_conductor_node(
