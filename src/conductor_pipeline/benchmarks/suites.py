@@ -64,13 +64,14 @@ def verifier_throughput() -> dict[str, Any]:
     return figures
 
 
-def _bench_tasks(folder) -> list:
-    """Two prepared tasks for the sandbox to recognise (the benchmarks do not need data_prep)."""
+def _bench_tasks(folder, tasks: list | None = None) -> list:
+    """Write ``tasks`` (default: two prepared tasks) for the sandbox to recognise, so that
+    the benchmarks do not need data_prep; returns the ``tasks_paths`` list."""
     import pandas as pd
 
     from conductor_pipeline.tasks import Task
 
-    tasks = [
+    tasks = tasks or [
         Task(
             "bench/add",
             "math",
@@ -359,8 +360,6 @@ def rollout_scoring() -> dict[str, Any]:
     import tempfile
     from pathlib import Path
 
-    import pandas as pd
-
     from conductor_pipeline.tasks import Task
     from conductor_pipeline.training.configs import RewardConfig
     from conductor_pipeline.training.rewards import ConductorReward
@@ -392,9 +391,9 @@ def rollout_scoring() -> dict[str, Any]:
     batch = [task for task in tasks for _ in range(group)]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        path = folder / "tasks.parquet"
-        pd.DataFrame([t.to_record() for t in tasks]).to_parquet(path)
-        with SandboxServer(tasks_paths=[path], latency_scale=0.02, load_real_model=False) as server:
+        with SandboxServer(
+            tasks_paths=_bench_tasks(folder, tasks), latency_scale=0.02, load_real_model=False
+        ) as server:
             entries = [e for e in server.pool_config() if e["name"] != "smollm2-135m"]
 
             async def run() -> dict[str, Any]:
