@@ -659,7 +659,7 @@ def _last_checkpoint(folder: Path) -> Path | None:
 
 def _adapter_hash(folder: Path) -> str:
     """Identity of a LoRA folder: sha256 of its config and weight files."""
-    if not _adapter_ready(folder):
+    if not (folder / "adapter_config.json").is_file():
         raise FileNotFoundError(f"start adapter {folder}: no adapter_config.json there")
     digest = hashlib.sha256()
     for path in sorted(folder.glob("adapter_*")):

@@ -1,6 +1,6 @@
 """retraining: lock → data_prep on fresh data (configured sources + logged questions) →
-training from the champion's adapter → evaluation → promotion → reports → unlock. Composed from the other pipelines,
-so a change to any stage reaches the scheduled run too."""
+training from the champion's adapter → evaluation → promotion → reports → unlock. Composed
+from the other pipelines, so a change to any stage reaches the scheduled run too."""
 
 from kedro.pipeline import Node, Pipeline
 
