@@ -33,6 +33,7 @@ from conductor_pipeline.workflow.prompts import (
     recursion_messages,
     worker_messages,
 )
+from conductor_pipeline.workflow.shapes import SHAPES, WorkflowShape, workflow_shape
 from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow, WorkflowParseError
 
 __all__ = [
@@ -51,10 +52,12 @@ __all__ = [
     "FewShotExample",
     "ParseLimits",
     "PromptConfig",
+    "SHAPES",
     "Step",
     "StepRecord",
     "Workflow",
     "WorkflowParseError",
+    "WorkflowShape",
     "conductor_messages",
     "execute_workflow",
     "parse_workflow",
@@ -62,4 +65,5 @@ __all__ = [
     "render_workflow",
     "worker_messages",
     "workflow_from_lists",
+    "workflow_shape",
 ]
