@@ -9,8 +9,8 @@
       validation_per_domain: 4    # questions per domain the router is fitted on
       store: data/07_model_output/evaluation/results.jsonl
       concurrency: 8              # questions in flight for systems without a Conductor
-      systems: [conductor, conductor+recursion, base-policy, solo, moa, random-workflow,
-                best-of-n, router, oracle]
+      systems: [conductor, conductor+recursion, warm-start, base-policy, solo, moa,
+                random-workflow, best-of-n, router, oracle]
       conductor: {adapter: null, max_parse_attempts: null, recursion_rounds: 1,
                   batch_size: 4, in_flight: 8}
       base_policy: {}             # keys overriding conductor.policy for the untrained model
@@ -35,6 +35,7 @@ from typing import Any
 SYSTEM_KINDS = (
     "conductor",
     "conductor+recursion",
+    "warm-start",
     "base-policy",
     "solo",
     "moa",
@@ -43,7 +44,9 @@ SYSTEM_KINDS = (
     "router",
     "oracle",
 )
-CONDUCTOR_SYSTEMS = ("conductor", "conductor+recursion", "base-policy")
+# the systems that write workflows (a Conductor model, prompted alike); ``warm-start`` is the
+# same training run's SFT-only adapter, evaluated when the Conductor under test carries one
+CONDUCTOR_SYSTEMS = ("conductor", "conductor+recursion", "warm-start", "base-policy")
 
 
 def _int(value: Any, key: str, *, minimum: int = 0, allow_none: bool = False) -> int | None:

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from conductor_pipeline.evaluation.config import CONDUCTOR_SYSTEMS
+
 # the columns DESIGN.md fixes, in this order, before any other
 CONTRACT_COLUMNS = [
     "system",
@@ -102,15 +104,17 @@ def _workers(value: Any) -> list[str]:
 
 
 def system_order(names: Sequence[str]) -> list[str]:
-    """The Conductor systems first, then solo, moa, random, best-of-n, router, oracle."""
+    """The Conductor systems first (the warm start right after the trained Conductor it
+    started, then the untrained base), then solo, moa, random, best-of-n, router, oracle."""
     rank = {
-        "conductor": 0,
-        "conductor+recursion": 1,
-        "base-policy": 2,
-        "moa": 4,
-        "random-workflow": 5,
-        "router": 7,
-        "oracle": 8,
+        "conductor": (0, 0),
+        "conductor+recursion": (1, 0),
+        "warm-start": (2, 0),
+        "base-policy": (2, 1),
+        "moa": (4, 0),
+        "random-workflow": (5, 0),
+        "router": (7, 0),
+        "oracle": (8, 0),
     }
 
     def key(name: str) -> tuple[int, int]:
@@ -118,7 +122,7 @@ def system_order(names: Sequence[str]) -> list[str]:
             return (3, 0)
         if name.startswith("best-of-n:"):
             return (6, 0)
-        return (rank.get(name, 9), 0)
+        return rank.get(name, (9, 0))
 
     seen = list(dict.fromkeys(names))
     return sorted(seen, key=lambda n: (key(n), seen.index(n)))
@@ -176,7 +180,7 @@ def _system_row(
     row["simulated_call_share"] = (
         sum(1 for w in used if str(w).startswith("sim-")) / len(used) if used else math.nan
     )
-    if system in ("conductor", "conductor+recursion", "base-policy"):
+    if system in CONDUCTOR_SYSTEMS:
         with_workflow = rows[rows["n_steps"].notna()]
         row["steps_per_workflow"] = (
             float(with_workflow["n_steps"].mean()) if len(with_workflow) else math.nan

@@ -28,6 +28,8 @@ def _draw_point(ax, row: dict, x: float, y: float) -> None:
         style = {"marker": "*", "markersize": 14, "color": "tab:red"}
     elif system == "base-policy":
         style = {"marker": "*", "markersize": 11, "color": "tab:purple"}
+    elif system == "warm-start":
+        style = {"marker": "*", "markersize": 11, "color": "tab:orange"}
     elif system == "oracle":
         style = {"marker": "o", "markersize": 8, "markerfacecolor": "none", "color": "grey"}
     else:

@@ -2,7 +2,8 @@
 
 Order of work (each pair is skipped when the store already holds it):
 
-1. At once: the Conductor systems (``conductor``, ``conductor+recursion``, ``base-policy``;
+1. At once: the Conductor systems (``conductor``, ``conductor+recursion``, ``warm-start``,
+   ``base-policy``;
    at most ``conductor.in_flight`` questions in flight, their samples batched), and the
    solo runs of every worker on the test questions and on the validation questions the
    router is fitted on, followed by ``moa`` (whose first layer then comes from the
@@ -50,11 +51,14 @@ logger = logging.getLogger(__name__)
 @dataclass
 class PolicyUnderTest:
     """A Conductor model to evaluate. ``variant`` identifies the model (e.g. ``conductor/3``,
-    ``conductor/base``) in result keys; ``label`` says in the outputs what it is."""
+    ``conductor/base``) in result keys; ``label`` says in the outputs what it is.
+    ``adapter_dir``: the local LoRA folder the model loads, when it is one (where the same
+    run's warm-start adapter is looked for)."""
 
     policy: Any
     variant: str
     label: str
+    adapter_dir: str | None = None
 
 
 @dataclass
@@ -165,6 +169,7 @@ async def evaluate(
     orchestration: OrchestrationConfig | None = None,
     conductor: PolicyUnderTest | None = None,
     base_policy: PolicyUnderTest | None = None,
+    warm_start: PolicyUnderTest | None = None,
     validation_tasks: Sequence[Task] = (),
     store: ResultStore | None = None,
     pool_id: str = "",
@@ -175,8 +180,11 @@ async def evaluate(
     ``orchestration`` is the Conductor's sampling and prompt configuration (from the
     ``conductor`` parameters); ``config.conductor`` overrides its parse attempts and sets the
     recursion rounds. ``pool_id`` fingerprints the pool (workers, sandbox seed...), so that
-    results from another pool are never reused. Returns the results of the current variants
-    of every system, in (system, question) order, and an ``info`` dict (what was sized how).
+    results from another pool are never reused. ``warm_start`` (the same training run's
+    SFT-only adapter) is evaluated as ``warm-start`` with exactly the conductor's settings, so
+    the two differ only by what GRPO learned; without it that system is left out. Returns the
+    results of the current variants of every system, in (system, question) order, and an
+    ``info`` dict (what was sized how).
     """
     store = store if store is not None else ResultStore(None)
     orchestration = orchestration or OrchestrationConfig()
@@ -224,6 +232,18 @@ async def evaluate(
             )
     elif config.wants("conductor"):
         raise ValueError("evaluate: the conductor system needs a PolicyUnderTest")
+    if warm_start is not None and config.wants("warm-start"):
+        conductor_systems.append(
+            ConductorSystem(
+                "warm-start",
+                shared(warm_start.policy),
+                pool,
+                base_config,
+                variant=fingerprint(pool_id, warm_start.variant, base_config),
+                label=warm_start.label,
+            )
+        )
+        info["warm_start"] = warm_start.label
     if base_policy is not None and config.wants("base-policy"):
         conductor_systems.append(
             ConductorSystem(

@@ -17,9 +17,9 @@ from typing import Any
 
 import pandas as pd
 
+from conductor_pipeline.evaluation.config import CONDUCTOR_SYSTEMS
 from conductor_pipeline.reporting.display import MissingInput, new_figure
 
-CONDUCTOR_SYSTEMS = ("conductor", "conductor+recursion", "base-policy")
 PATTERNS = ("single", "chain", "independent", "tree")
 
 

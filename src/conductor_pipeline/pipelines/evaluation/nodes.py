@@ -38,14 +38,23 @@ from conductor_pipeline.tasks import Task
 
 logger = logging.getLogger(__name__)
 
+# where training puts the run's SFT-only adapter inside the trained one
+# (``training.grpo.WARM_START_DIR``, repeated here: importing the trainer costs seconds)
+WARM_START_DIR = "warm_start"
+
 
 def _tasks(frame: pd.DataFrame) -> list[Task]:
     return [Task.from_record(row) for row in frame.to_dict(orient="records")]
 
 
-def _folder_digest(folder: str) -> str:
+def _folder_digest(folder: str, *, skip: str | None = None) -> str:
+    """What a folder's model answers depend on: its files' names and bytes. ``skip``: a
+    sub-folder left out (the warm-start adapter inside a trained one, which the trained
+    Conductor never loads, so a new warm start does not re-run the Conductor's questions)."""
     digest = hashlib.sha256()
     for path in sorted(Path(folder).rglob("*")):
+        if skip is not None and path.relative_to(folder).parts[0] == skip:
+            continue
         if path.is_file():
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
@@ -102,7 +111,7 @@ def build_policies(
             PolicyUnderTest(base, base_id, base_label),
         )
     if served.version == "adapter":
-        variant = f"adapter:{_folder_digest(served.adapter_dir)}"
+        variant = f"adapter:{_folder_digest(served.adapter_dir, skip=WARM_START_DIR)}"
         label = f"adapter folder {served.adapter_dir}"
     else:
         variant = served.id if served.adapter_dir else f"endpoint:{policy_params.get('model')}"
@@ -112,7 +121,10 @@ def build_policies(
             else f"endpoint {policy_params.get('model')}"
         )
     conductor = PolicyUnderTest(
-        build_policy(policy_params, adapter_dir=served.adapter_dir), variant, label
+        build_policy(policy_params, adapter_dir=served.adapter_dir),
+        variant,
+        label,
+        adapter_dir=served.adapter_dir if kind == "local" else None,
     )
     if kind != "local" and not config.base_policy:
         logger.warning(
@@ -122,6 +134,45 @@ def build_policies(
         return conductor, None
     return conductor, PolicyUnderTest(
         build_policy(base_params, adapter_dir=None), base_id, base_label
+    )
+
+
+def warm_start_policy(
+    conductor: PolicyUnderTest, conductor_params: dict[str, Any], config: EvaluationConfig
+) -> PolicyUnderTest | None:
+    """The same training run's SFT-only adapter, when the Conductor under test carries one.
+
+    Training copies the warm-start adapter into ``warm_start/`` of the trained adapter folder
+    (and so into the registry); evaluating it next to ``conductor`` shows what GRPO added on
+    top of the warm start. Its variant is a digest of that folder, so a rerun reuses its
+    stored results and a new adapter runs again. Nothing to evaluate (logged, not an error):
+    ``warm-start`` not listed, a Conductor that is not a local adapter (the base policy, a
+    scripted rule, an endpoint as in ``conf/gpu``), or an adapter trained without a warm
+    start (e.g. retrained from a champion).
+    """
+    from conductor_pipeline.workflow.config import build_policy
+
+    if not config.wants("warm-start"):
+        return None
+    if conductor.adapter_dir is None:
+        logger.info(
+            "evaluation: warm-start skipped: the Conductor under test is not a local adapter"
+        )
+        return None
+    folder = Path(conductor.adapter_dir) / WARM_START_DIR
+    if not (folder / "adapter_config.json").is_file():
+        logger.info(
+            "evaluation: warm-start skipped: %s holds no %s/ adapter (trained without a warm start)",
+            conductor.adapter_dir,
+            WARM_START_DIR,
+        )
+        return None
+    policy_params = dict(conductor_params.get("policy") or {})
+    return PolicyUnderTest(
+        build_policy(policy_params, adapter_dir=str(folder)),
+        f"warm-start:{_folder_digest(str(folder))}",
+        f"warm-start (SFT-only) adapter of {conductor.label}",
+        adapter_dir=str(folder),
     )
 
 
@@ -205,6 +256,7 @@ def run_evaluation(
     validation = select_tasks(_tasks(validation_tasks), config.validation_per_domain, config.seed)
     candidate = (conductor_model_version or {}).get("model_uri")
     conductor, base = build_policies(conductor_params, config, candidate)
+    warm_start = warm_start_policy(conductor, conductor_params, config)
     store_path = Path(config.store) if Path(config.store).is_absolute() else root / config.store
     store = ResultStore(store_path)
     logger.info(
@@ -226,12 +278,15 @@ def run_evaluation(
                 orchestration=orchestration,
                 conductor=conductor,
                 base_policy=base,
+                warm_start=warm_start,
                 validation_tasks=validation,
                 store=store,
                 pool_id=pool_fingerprint(worker_pool_config, root),
             )
         )
     info = {**run.info, "conductor_variant": conductor.variant, "store": str(store_path)}
+    if warm_start is not None:
+        info["warm_start_variant"] = warm_start.variant
     info["conductor_is_base_policy"] = base is not None and conductor.variant == base.variant
     logger.info(
         "evaluation: %d pairs run, %d reused from the store",
