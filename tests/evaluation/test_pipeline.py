@@ -88,6 +88,11 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
     assert "p_value_vs_conductor" in summary.columns
     by_domain = pd.read_csv(project / "data/08_reporting/evaluation_summary_by_domain.csv")
     assert set(by_domain["domain"]) == {"math", "logic"}
+    routing = pd.read_csv(project / "data/08_reporting/evaluation_routing.csv")
+    assert set(routing["system"]) == {"conductor", "conductor+recursion", "base-policy"}
+    assert {"math", "logic", "(all)"} == set(routing["domain"])
+    checked = routing[(routing["system"] == "conductor") & (routing["kind"] == "shape")]
+    assert checked.set_index(["domain", "value"]).loc[("(all)", "solve_check"), "share"] == 1.0
     per_question = pd.read_parquet(project / "data/08_reporting/evaluation_results.parquet")
     record = json.loads(per_question[per_question["system"] == "conductor"]["detail"].iloc[0])
     assert record["workflow"] and record["conductor_calls"]
@@ -114,6 +119,7 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
         "evaluation_summary.csv",
         "evaluation_pareto.png",
         "evaluation_results.parquet",
+        "evaluation_routing.csv",
     } <= artifacts
 
     # a second run reuses every stored pair

@@ -12,6 +12,7 @@ No Kedro and no MLflow here (the pipeline's nodes log); from a notebook::
                                    EvaluationConfig(), conductor=PolicyUnderTest(policy, "v1", "my adapter"),
                                    orchestration=orchestration_config(params["conductor"])))
     summarise(results_frame(run.results))
+    routing_table(results_frame(run.results))   # answer workers and workflow shapes per domain
 """
 
 from conductor_pipeline.evaluation.config import CONDUCTOR_SYSTEMS, SYSTEM_KINDS, EvaluationConfig
@@ -32,6 +33,7 @@ from conductor_pipeline.evaluation.records import (
     orchestration_from_record,
     results_frame,
 )
+from conductor_pipeline.evaluation.routing import ROUTING_COLUMNS, question_routing, routing_table
 from conductor_pipeline.evaluation.runner import (
     EvaluationRun,
     PolicyUnderTest,
@@ -65,6 +67,7 @@ __all__ = [
     "PolicyUnderTest",
     "PoolView",
     "QuestionResult",
+    "ROUTING_COLUMNS",
     "RandomWorkflowSystem",
     "ResultStore",
     "SharedSamples",
@@ -81,7 +84,9 @@ __all__ = [
     "pareto_figure",
     "pareto_front",
     "random_workflow",
+    "question_routing",
     "results_frame",
+    "routing_table",
     "select_tasks",
     "summarise",
     "summarise_by_domain",

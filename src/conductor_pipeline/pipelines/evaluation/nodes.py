@@ -28,6 +28,7 @@ from conductor_pipeline.evaluation import (
     orchestration_from_record,
     pareto_figure,
     results_frame,
+    routing_table,
     select_tasks,
     summarise,
     summarise_by_domain,
@@ -317,6 +318,15 @@ def summarise_evaluation(
         header += f"; conductor = {policy.iloc[0]}"
     print(f"\n{header})\n{format_table(summary)}\n", flush=True)
     return summary, by_domain, figure, metrics
+
+
+def summarise_routing(
+    evaluation_results: pd.DataFrame, evaluation_params: dict[str, Any]
+) -> pd.DataFrame:
+    """Per Conductor system and domain (or benchmark): answer-step worker shares, workflow
+    shape shares and the multi-step share (``conductor_pipeline.evaluation.routing``)."""
+    config = EvaluationConfig.from_params(evaluation_params)
+    return routing_table(evaluation_results, by=config.report_by)
 
 
 def log_conductor_traces(

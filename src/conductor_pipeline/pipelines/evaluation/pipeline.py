@@ -1,5 +1,6 @@
 """evaluation: the Conductor and the baselines on the test split → per-question results →
-summary tables, cost–accuracy plot and metrics (MLflow) → traces of sample questions."""
+summary tables, cost–accuracy plot and metrics (MLflow), the Conductor systems' routing
+(answer workers, workflow shapes) per domain → traces of sample questions."""
 
 from kedro.pipeline import Node, Pipeline
 
@@ -7,6 +8,7 @@ from conductor_pipeline.pipelines.evaluation.nodes import (
     log_conductor_traces,
     run_evaluation,
     summarise_evaluation,
+    summarise_routing,
 )
 
 
@@ -43,6 +45,12 @@ def create_pipeline(*, after_training: bool = False, **kwargs) -> Pipeline:
                     "evaluation_metrics",
                 ],
                 name="summarise_evaluation",
+            ),
+            Node(
+                summarise_routing,
+                ["evaluation_results", "params:evaluation"],
+                "evaluation_routing",
+                name="summarise_routing",
             ),
             Node(
                 log_conductor_traces,
