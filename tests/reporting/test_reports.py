@@ -114,12 +114,15 @@ def test_evaluation_report_has_table_plots_examples_and_the_decision(
         _params(tmp_path),
     )
     seconds = time.perf_counter() - started
-    # Pareto plot, accuracy heat map, worker-choice heat map, access patterns
-    assert _images(html) >= 4
+    # Pareto plot, accuracy heat map, worker-choice and answer-routing heat maps, access patterns
+    assert _images(html) >= 5
     for text in (
         "Summary (test split)",
         "95% CI",
         "solo:sim-sage (simulated worker)",
+        "Answer routing: conductor and warm start",
+        "Workflow shapes",
+        "solve_check",
         "Workflows that succeeded",
         "Workflows that failed",
         "decision: <strong>refused</strong>",

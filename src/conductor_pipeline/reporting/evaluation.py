@@ -120,15 +120,11 @@ def pareto_plot(summary: pd.DataFrame):
     return pareto_figure(summary)
 
 
-def heatmap_figure(matrix: pd.DataFrame, *, title: str, value_label: str, percent: bool = True):
-    """Rows × columns of shares in [0, 1], annotated."""
+def _draw_heatmap(ax, matrix: pd.DataFrame, *, percent: bool = True):
+    """Annotated shares in [0, 1] on ``ax``; returns the image (for a colour bar)."""
     import numpy as np
 
     values = matrix.to_numpy(dtype=float)
-    width = max(6.0, 1.0 + 0.9 * matrix.shape[1])
-    height = max(2.5, 0.9 + 0.5 * matrix.shape[0])
-    figure = new_figure(width, height)
-    ax = figure.add_subplot(1, 1, 1)
     image = ax.imshow(
         np.ma.masked_invalid(values), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto"
     )
@@ -144,6 +140,16 @@ def heatmap_figure(matrix: pd.DataFrame, *, title: str, value_label: str, percen
             col, row, text, ha="center", va="center", fontsize=7,
             color="white" if value < 0.6 else "black",
         )  # fmt: skip
+    return image
+
+
+def heatmap_figure(matrix: pd.DataFrame, *, title: str, value_label: str, percent: bool = True):
+    """Rows × columns of shares in [0, 1], annotated."""
+    width = max(6.0, 1.0 + 0.9 * matrix.shape[1])
+    height = max(2.5, 0.9 + 0.5 * matrix.shape[0])
+    figure = new_figure(width, height)
+    ax = figure.add_subplot(1, 1, 1)
+    image = _draw_heatmap(ax, matrix, percent=percent)
     figure.colorbar(image, ax=ax, label=value_label)
     ax.set_title(title, fontsize=10)
     figure.tight_layout()
@@ -198,6 +204,91 @@ def worker_choice_figure(results: pd.DataFrame, system: str = "conductor"):
         title=f"Which workers the {system} calls, by domain (% of its workflow steps)",
         value_label="share of steps",
     )
+
+
+# the systems compared side by side in the routing heat map: what GRPO changed
+ROUTING_SYSTEMS = ("conductor", "warm-start")
+
+
+def _sim(name: Any) -> str:
+    return f"{name} (sim)" if str(name).startswith("sim-") else str(name)
+
+
+def routing(results: pd.DataFrame) -> pd.DataFrame:
+    """The evaluation's routing table (``evaluation_routing.csv``), from the per-question
+    results the report already holds."""
+    from conductor_pipeline.evaluation import routing_table
+
+    table = routing_table(results)
+    if table.empty:
+        raise MissingInput("no Conductor workflows in the results")
+    return table
+
+
+def answer_routing(table: pd.DataFrame, system: str) -> pd.DataFrame:
+    """Per domain (rows, all domains last): the share of questions whose answer step went
+    to each worker (columns, pool order), then the share of multi-step workflows.
+    ``(no workflow)`` is a column only where some question had none."""
+    from conductor_pipeline.evaluation.routing import ALL_DOMAINS, MULTI_STEP, NO_WORKFLOW
+
+    mine = table[table["system"] == system]
+    workers = mine[mine["kind"] == "worker"]
+    if workers.empty:
+        raise MissingInput(f"no routing rows for system {system!r}")
+    matrix = workers.pivot(index="domain", columns="value", values="share")
+    columns = list(dict.fromkeys(workers["value"]))
+    if not (matrix[NO_WORKFLOW] > 0).any():
+        columns.remove(NO_WORKFLOW)
+    multi = mine[(mine["kind"] == "workflow") & (mine["value"] == MULTI_STEP)]
+    matrix = matrix[columns].assign(**{"multi-step": multi.set_index("domain")["share"]})
+    domains = sorted(d for d in matrix.index if d != ALL_DOMAINS)
+    return matrix.loc[[*domains, ALL_DOMAINS] if ALL_DOMAINS in matrix.index else domains]
+
+
+def routing_figure(results: pd.DataFrame, systems: tuple[str, ...] = ROUTING_SYSTEMS):
+    """Heat maps side by side, one per system: rows domains, columns the worker that wrote
+    the answer (share of questions), then the multi-step share."""
+    table = routing(results)
+    shown = [s for s in systems if s in set(table["system"])]
+    if not shown:
+        raise MissingInput(f"no routing rows for {', '.join(systems)}")
+    matrices = [answer_routing(table, s) for s in shown]
+    columns = max(m.shape[1] for m in matrices)
+    rows = max(m.shape[0] for m in matrices)
+    figure = new_figure(max(6.0, (1.2 + 0.75 * columns) * len(shown)), max(2.8, 1.4 + 0.45 * rows))
+    image = None
+    for i, (system, matrix) in enumerate(zip(shown, matrices, strict=True)):
+        ax = figure.add_subplot(1, len(shown), i + 1)
+        matrix = matrix.rename(columns=_sim)
+        image = _draw_heatmap(ax, matrix)
+        ax.axvline(matrix.shape[1] - 1.5, color="white", linewidth=3)  # workers | multi-step
+        ax.set_title(system, fontsize=10)
+        if i:
+            ax.set_yticklabels([])
+    figure.colorbar(image, ax=figure.axes, label="share of questions", shrink=0.9)
+    figure.suptitle(
+        "Who writes the answer (% of questions per domain), and how often the workflow has "
+        "more than one step",
+        fontsize=10,
+        y=1.04,
+    )
+    return figure
+
+
+def shape_shares(results: pd.DataFrame) -> pd.DataFrame:
+    """Per Conductor system over all domains: % of questions per workflow shape (single,
+    solve_check, parallel_aggregate, chain, independent, other, no workflow) and % of
+    multi-step workflows."""
+    from conductor_pipeline.evaluation.routing import ALL_DOMAINS
+
+    table = routing(results)
+    overall = table[(table["domain"] == ALL_DOMAINS) & (table["kind"] != "worker")]
+    matrix = overall.pivot(index="system", columns="value", values="share")
+    columns = list(dict.fromkeys(overall["value"]))
+    order = [s for s in CONDUCTOR_SYSTEMS if s in matrix.index]
+    shares = (100 * matrix.loc[order, columns]).round(1)
+    shares.insert(0, "n", overall.groupby("system")["n"].first().loc[order])
+    return shares.rename(columns={"multi_step": "multi-step"}).reset_index()
 
 
 def access_patterns(results: pd.DataFrame) -> pd.DataFrame:
