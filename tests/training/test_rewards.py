@@ -10,10 +10,12 @@ from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import RewardConfig
 from conductor_pipeline.training.rewards import (
     ConductorReward,
+    RolloutScore,
     RolloutStats,
     completion_text,
     score_recursion_round,
     score_rollout,
+    summarise_scores,
     task_columns,
 )
 from conductor_pipeline.workers.types import FailureKind
@@ -290,3 +292,71 @@ async def test_reward_function_forces_recursion_on_a_share_of_each_group():
     assert policy.seen[0][-2] == {"role": "assistant", "content": wrong}
     assert "The answer is 6" in policy.seen[0][-1]["content"]
     assert math.isclose(reward.stats.drain()["recursion/rate"], 0.5)
+
+
+# -- what the Conductor learns: answer workers per domain, workflow shapes --------------------
+
+
+async def test_a_score_carries_its_domain_and_workflow_shape():
+    checked = await score(
+        workflow_text([1, 0], [Q, "Check the attempt above."], [[], "all"]), FakePool([TASK])
+    )
+    assert checked.domain == "math" and checked.shape == "solve_check"
+    unparsed = await score("no workflow", FakePool([TASK]))
+    assert unparsed.domain == "math" and unparsed.shape is None
+
+
+def _parsed(domain: str, workers: list[int], shape: str) -> RolloutScore:
+    return RolloutScore(
+        reward=1.0, correctness=1.0, parsed=True, n_steps=len(workers), workers=workers,
+        domain=domain, shape=shape,
+    )  # fmt: skip
+
+
+def test_routing_metrics_per_domain_and_shape():
+    names = ["sim-good", "sim-bad", "sim-broken"]
+    scores = [
+        _parsed("math", [1, 0], "solve_check"),  # answer step: sim-good
+        _parsed("math", [0], "single"),
+        _parsed("math", [1], "single"),
+        _parsed("math", [2, 2, 0], "parallel_aggregate"),
+        _parsed("code/py", [2], "single"),  # a slash would split the metric name
+        RolloutScore(reward=0.0, correctness=0.0, domain="math"),  # unparsed: not counted
+    ]
+    metrics = summarise_scores(scores, names)
+    assert metrics["domain/math/worker/sim-good"] == pytest.approx(3 / 4)
+    assert metrics["domain/math/worker/sim-bad"] == pytest.approx(1 / 4)
+    assert metrics["domain/math/worker/sim-broken"] == 0.0  # listed, so the curve has no gap
+    assert metrics["domain/code_py/worker/sim-broken"] == 1.0
+    assert metrics["shape/single"] == pytest.approx(3 / 5)
+    assert metrics["shape/solve_check"] == pytest.approx(1 / 5)
+    assert metrics["shape/parallel_aggregate"] == pytest.approx(1 / 5)
+    assert metrics["shape/chain"] == 0.0 and metrics["shape/other"] == 0.0
+    assert metrics["workflow/multi_step_share"] == pytest.approx(2 / 5)
+    assert not any(
+        k.startswith(("domain/", "shape/")) for k in summarise_scores(scores[-1:], names)
+    )
+
+
+async def test_the_reward_function_reports_routing_per_domain():
+    tasks = [make_task(0), make_task(1, 4, 4, domain="logic")]
+    pool = FakePool(tasks)
+    reward = ConductorReward(
+        pool, pool.names, pool.descriptions, PromptConfig(few_shot=[]), FAST, num_generations=2
+    )
+    texts = [
+        workflow_text([0], [tasks[0].question], [[]]),
+        workflow_text([1, 0], [tasks[0].question, "Check it."], [[], "all"]),
+        workflow_text([1], [tasks[1].question], [[]]),
+        "not a workflow",
+    ]
+    await reward(
+        prompts=[[]] * 4,
+        completions=[[{"role": "assistant", "content": t}] for t in texts],
+        **_columns([tasks[0], tasks[0], tasks[1], tasks[1]]),
+    )
+    metrics = reward.stats.drain()
+    assert metrics["domain/math/worker/sim-good"] == 1.0
+    assert metrics["domain/logic/worker/sim-bad"] == 1.0  # of the one parsed logic rollout
+    assert metrics["shape/single"] == pytest.approx(2 / 3)
+    assert metrics["workflow/multi_step_share"] == pytest.approx(1 / 3)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +48,7 @@ from conductor_pipeline.tasks import Task, verify
 from conductor_pipeline.training.configs import RewardConfig
 from conductor_pipeline.workers.types import WorkerCaller
 from conductor_pipeline.workflow import (
+    SHAPES,
     Budget,
     ExecutionResult,
     ParseLimits,
@@ -55,6 +57,7 @@ from conductor_pipeline.workflow import (
     execute_workflow,
     parse_workflow,
     recursion_messages,
+    workflow_shape,
 )
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "ScoredBatch",
     "completion_text",
     "infra_failure",
+    "routing_metrics",
     "score_rollout",
 ]
 
@@ -76,7 +80,10 @@ class RolloutScore:
     ``reward`` is ``None`` when the rollout is masked (infrastructure failure after every
     retry). ``correctness`` is the paper component (``unparseable``/``wrong``/``correct``
     value), ``cost_penalty`` what the cost term subtracted. ``infra_failures`` counts
-    failed worker calls over every attempt, ``attempts`` the executions tried.
+    failed worker calls over every attempt, ``attempts`` the executions tried. ``domain``
+    (the task's) and ``shape`` (:func:`~conductor_pipeline.workflow.workflow_shape` of the
+    parsed round-0 workflow) let the training metrics show what the Conductor learns to do
+    per domain.
     """
 
     reward: float | None
@@ -99,6 +106,8 @@ class RolloutScore:
     answer: str = ""
     verdict: str | None = None
     execution: ExecutionResult | None = None
+    domain: str | None = None
+    shape: str | None = None
     # recursion (filled only when a recursion round was forced)
     recursion_reward: float | None = None
     recursion_kept: bool | None = None
@@ -235,7 +244,10 @@ async def score_rollout(
         )
     except WorkflowParseError as err:
         return RolloutScore(
-            reward=config.unparseable, correctness=config.unparseable, parse_error=str(err)
+            reward=config.unparseable,
+            correctness=config.unparseable,
+            parse_error=str(err),
+            domain=task.domain,
         )
 
     result, reason, attempts, failed_calls, calls = await _execute_with_retries(
@@ -264,6 +276,8 @@ async def score_rollout(
         attempts=attempts,
         answer=result.answer,
         execution=result,
+        domain=task.domain,
+        shape=workflow_shape(workflow),
     )
     if reason is not None:
         score.masked = True
@@ -373,7 +387,10 @@ class RolloutStats:
     ``rollouts/retries_per_rollout``, ``workflow/steps_mean``, ``workflow/cost_usd_mean``,
     ``workflow/tokens_mean``, ``workflow/cache_hit_rate``, ``workers/share/<name>``,
     ``rollouts/completion_tokens`` (total, for tokens/s) and ``rollouts/score_seconds``
-    (wall time spent executing and verifying workflows).
+    (wall time spent executing and verifying workflows). What the Conductor learns to do,
+    over the parsed rollouts: ``domain/<domain>/worker/<name>`` (share of that domain's
+    rollouts whose answer step, the last, went to the worker), ``shape/<shape>`` (share of
+    each workflow shape) and ``workflow/multi_step_share``.
     """
 
     def __init__(self, worker_names: Sequence[str] | None = None) -> None:
@@ -462,7 +479,41 @@ def summarise_scores(
     for index in sorted(set(usage) | set(range(len(names)))):
         label = names[index] if index < len(names) else str(index)
         metrics[f"workers/share/{label}"] = usage[index] / total_steps if total_steps else 0.0
+    metrics.update(routing_metrics(parsed, names))
     return {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def _metric_part(text: str) -> str:
+    """A domain name as one MLflow metric-name segment (no slash, only allowed characters)."""
+    return re.sub(r"[^\w\-. ]", "_", text) or "_"
+
+
+def routing_metrics(
+    parsed: Sequence[RolloutScore], worker_names: Sequence[str]
+) -> dict[str, float]:
+    """Answer-worker shares per domain, shape shares and the multi-step share of the parsed
+    rollouts ``parsed`` (see :class:`RolloutStats`); every worker and shape is listed, with
+    0 when unused, so each curve is continuous over training. Empty input → ``{}``."""
+    if not parsed:
+        return {}
+    names = list(worker_names)
+    metrics: dict[str, float] = {
+        "workflow/multi_step_share": sum(1 for s in parsed if s.n_steps > 1) / len(parsed)
+    }
+    shapes = Counter(s.shape for s in parsed)
+    for shape in SHAPES:
+        metrics[f"shape/{shape}"] = shapes.get(shape, 0) / len(parsed)
+    by_domain: dict[str, list[RolloutScore]] = {}
+    for score in parsed:
+        if score.domain is not None:
+            by_domain.setdefault(score.domain, []).append(score)
+    for domain, scores in sorted(by_domain.items()):
+        answered = Counter(s.workers[-1] for s in scores if s.workers)
+        for index in sorted(set(answered) | set(range(len(names)))):
+            label = names[index] if index < len(names) else str(index)
+            key = f"domain/{_metric_part(domain)}/worker/{label}"
+            metrics[key] = answered.get(index, 0) / len(scores)
+    return metrics
 
 
 # -- the TRL reward function ------------------------------------------------------------------------
