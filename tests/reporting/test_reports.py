@@ -65,6 +65,11 @@ def test_training_report_falls_back_to_the_history_table_and_shows_rollout_sampl
             "grpo/workflow/cost_usd_mean": [0.001, 0.0012, 0.0011],
             "grpo/workers/share/sim-sage": [0.2, 0.4, 0.6],
             "grpo/workers/share/sim-coder": [0.8, 0.6, 0.4],
+            "grpo/domain/math/worker/sim-sage": [0.0, 0.5, 1.0],
+            "grpo/domain/math/worker/sim-coder": [1.0, 0.5, 0.0],
+            "grpo/shape/single": [1.0, 0.5, 0.5],
+            "grpo/shape/solve_check": [0.0, 0.5, 0.5],
+            "grpo/workflow/multi_step_share": [0.0, 0.5, 0.5],
         }
     )
     samples = tmp_path / "samples.jsonl"
@@ -76,7 +81,8 @@ def test_training_report_falls_back_to_the_history_table_and_shows_rollout_sampl
     )
     params = {**_params(tmp_path), "rollout_samples": str(samples)}
     html = render_training_report({}, {}, history, params)
-    assert _images(html) >= 4
+    assert _images(html) >= 5  # the four curves and what the Conductor learns per domain
+    assert "What the Conductor learns, per domain" in html
     assert "no training run id was given" not in html  # the fallback worked silently
     assert "step 3" in html and "Early steps" in html and "Late steps" in html
 
