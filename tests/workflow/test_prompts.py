@@ -14,6 +14,7 @@ from conductor_pipeline.workflow import (
     parse_workflow,
     recursion_messages,
     render_workflow,
+    shown_worker_descriptions,
     worker_messages,
 )
 
@@ -22,7 +23,7 @@ QUESTION = "What is the sum of the first 10 odd numbers?"
 
 
 def test_conductor_messages_structure_and_numbered_workers():
-    msgs = conductor_messages(QUESTION, DESCRIPTIONS, PromptConfig())
+    msgs = conductor_messages(QUESTION, DESCRIPTIONS, PromptConfig(worker_info="description"))
     assert [m["role"] for m in msgs] == ["system", "user"]
     system, user = msgs[0]["content"], msgs[1]["content"]
     assert "never answer" in system
@@ -38,6 +39,22 @@ def test_conductor_messages_structure_and_numbered_workers():
     assert "never see the question" in user
 
 
+def test_workers_are_ordinals_by_default():
+    """The paper's setting: the prompt numbers the workers and says nothing about them."""
+    config = PromptConfig()
+    user = conductor_messages(QUESTION, DESCRIPTIONS, config)[1]["content"]
+    assert "Workers: 0, 1, 2" in user
+    for d in DESCRIPTIONS:
+        for word in d.replace(",", "").split():
+            assert word not in user.split("Workers:")[1].split("\n")[0]
+        assert d not in user
+    assert shown_worker_descriptions(DESCRIPTIONS, config) == ["", "", ""]
+    shown = shown_worker_descriptions(DESCRIPTIONS, PromptConfig(worker_info="description"))
+    assert shown == DESCRIPTIONS
+    with pytest.raises(ValueError, match="worker_info"):
+        PromptConfig(worker_info="names")
+
+
 def test_no_worker_names_are_added():
     names = ["gpt-4o", "qwen2.5-7b", "sim-math"]
     user = conductor_messages(QUESTION, DESCRIPTIONS)[1]["content"]
@@ -46,7 +63,7 @@ def test_no_worker_names_are_added():
 
 
 def test_descriptions_default_from_config_and_empty_pool():
-    cfg = PromptConfig(worker_descriptions=["only one"])
+    cfg = PromptConfig(worker_descriptions=["only one"], worker_info="description")
     user = conductor_messages(QUESTION, None, cfg)[1]["content"]
     assert "Worker 0: only one" in user
     with pytest.raises(ValueError, match="worker pool is empty"):

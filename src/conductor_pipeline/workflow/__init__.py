@@ -31,6 +31,7 @@ from conductor_pipeline.workflow.prompts import (
     PromptConfig,
     conductor_messages,
     recursion_messages,
+    shown_worker_descriptions,
     worker_messages,
 )
 from conductor_pipeline.workflow.shapes import SHAPES, WorkflowShape, workflow_shape
@@ -62,6 +63,7 @@ __all__ = [
     "execute_workflow",
     "parse_workflow",
     "recursion_messages",
+    "shown_worker_descriptions",
     "render_workflow",
     "worker_messages",
     "workflow_from_lists",

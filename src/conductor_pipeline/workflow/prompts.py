@@ -2,8 +2,11 @@
 
 All wording here is ours. Design choices, briefly:
 
-- Workers are shown to the Conductor only as "Worker <n>: <description>"; names are never
-  added here (callers pass descriptions; keep them free of model names to avoid priors).
+- Workers are shown to the Conductor as ordinals by default (``worker_info: ordinal``), as in
+  the paper: what the Conductor knows about the pool it learns from reward, not from text
+  that says which worker is good at what. ``worker_info: description`` shows
+  "Worker <n>: <description>" instead; names are never added here (callers pass
+  descriptions; keep them free of model names to avoid priors).
 - The default prompt is short because the sandbox Conductor is a 135M model that must fit
   the prompt plus a 512-token completion in its context.
 - ``PromptConfig.question_to_workers`` (default ``False``): in our sandbox a worker sees only
@@ -27,8 +30,12 @@ __all__ = [
     "PromptConfig",
     "conductor_messages",
     "recursion_messages",
+    "shown_worker_descriptions",
     "worker_messages",
 ]
+
+# What the Conductor is told about each worker (PromptConfig.worker_info).
+WORKER_INFO = ("ordinal", "description")
 
 NO_RESPONSE = "(no response)"
 
@@ -128,6 +135,8 @@ class PromptConfig:
       default ``False`` (workers see only their subtask and visible steps).
     - ``max_steps``: the step cap stated in the prompt (the parser enforces its own limit).
     - ``worker_descriptions``: default pool descriptions, used when a call passes ``None``.
+    - ``worker_info``: what the prompt says about each worker: ``ordinal`` (its number only,
+      the paper's setting and the default) or ``description`` (its description text).
     - ``positional_access``: mention position lists (``[0, 2]``) besides ``"all"``/``[]``.
     - ``max_answer_chars``: previous answers shown in a recursion round are cropped to this.
     - ``assistant_prefill``: text that opens the Conductor's reply (the paper prefills the
@@ -142,11 +151,14 @@ class PromptConfig:
     positional_access: bool = True
     max_answer_chars: int = 2000
     assistant_prefill: str = ""
+    worker_info: str = "ordinal"
 
     def __post_init__(self) -> None:
         self.few_shot = [FewShotExample.coerce(x) for x in self.few_shot]
         if self.max_steps < 1:
             raise ValueError("max_steps must be at least 1")
+        if self.worker_info not in WORKER_INFO:
+            raise ValueError(f"worker_info must be one of {WORKER_INFO}, got {self.worker_info!r}")
         # Fail early on an unparsable example text rather than at the first prompt.
         for ex in self.few_shot:
             ex.resolved(self.max_steps)
@@ -180,11 +192,18 @@ def _rules(config: PromptConfig) -> str:
     )
 
 
-def _workers_block(descriptions: Sequence[str]) -> str:
-    lines = []
-    for i, d in enumerate(descriptions):
-        d = " ".join(str(d).split())
-        lines.append(f"Worker {i}: {d}" if d else f"Worker {i}")
+def shown_worker_descriptions(descriptions: Sequence[str], config: PromptConfig) -> list[str]:
+    """The description of each worker as the Conductor's prompt shows it ("" = none)."""
+    if config.worker_info == "ordinal":
+        return ["" for _ in descriptions]
+    return [" ".join(str(d).split()) for d in descriptions]
+
+
+def _workers_block(descriptions: Sequence[str], config: PromptConfig) -> str:
+    shown = shown_worker_descriptions(descriptions, config)
+    if not any(shown):
+        return "Workers: " + ", ".join(str(i) for i in range(len(shown)))
+    lines = [f"Worker {i}: {d}" if d else f"Worker {i}" for i, d in enumerate(shown)]
     return "Workers:\n" + "\n".join(lines)
 
 
@@ -230,7 +249,7 @@ def _planning_request(
     question: str, worker_descriptions: Sequence[str] | None, config: PromptConfig
 ) -> list[dict[str, str]]:
     descriptions = _descriptions(worker_descriptions, config)
-    parts = [_rules(config), _workers_block(descriptions)]
+    parts = [_rules(config), _workers_block(descriptions, config)]
     parts += [
         _example_block(k, ex, len(descriptions), config.max_steps)
         for k, ex in enumerate(config.few_shot, start=1)
