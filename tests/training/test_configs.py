@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -84,33 +85,68 @@ def test_sandbox_parameters_stay_small_for_mlflow():
     assert leaves(_params("base")) <= 80
 
 
-def test_reference_planner_workflows_parse_and_carry_the_question():
-    config = TrainingConfig.from_params({"sft": {"verify_share": 0.5}})
-    names = ["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx"]
+def test_warm_start_planner_draws_workers_at_random_in_every_shape():
+    """Format-only warm start: no domain decides a worker, every shape appears, and the
+    workflows parse back to what was planned."""
+    config = TrainingConfig.from_params({})
+    assert config.sft.routing == "random" and not config.sft.domain_workers
+    names = ["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx", "sim-sprout"]
     planner = ReferencePlanner(names, config.sft, seed=1)
-    kinds = set()
-    for i in range(40):
-        task = make_task(i, i, 1, domain=["math", "logic", "other"][i % 3])
+    shapes, solvers = set(), defaultdict(set)
+    for i in range(120):
+        task = make_task(i, i, 1, domain=["math", "logic", "code"][i % 3])
         plan = planner.plan(task)
         parsed = parse_workflow(plan.text, len(names))
         assert parsed == plan.workflow
         assert task.question in parsed.steps[0].subtask
-        assert parsed.steps[0].worker == {"math": 1, "logic": 3, "other": 0}[task.domain]
-        kinds.add(len(parsed))
-        if len(parsed) == 2:
-            assert parsed.steps[1].access == (0,) and parsed.steps[1].worker == 0
+        assert plan.reasoning.startswith(f"A {task.domain} question.")
+        shapes.add(plan.shape)
+        solvers[task.domain].add(parsed.steps[0].worker)
+        steps = parsed.steps
+        if plan.shape == "solve_check":
+            assert len(steps) == 2 and steps[1].access == (0,)
+        if plan.shape == "parallel_aggregate":
+            assert len(steps) == 3 and steps[1].access == () and steps[2].access == (0, 1)
+            assert steps[0].worker != steps[1].worker  # two opinions
         assert planner.plan(task) == plan  # deterministic
-    assert kinds == {1, 2}
+    assert shapes == {"single", "solve_check", "parallel_aggregate"}
+    # every domain is sent to (almost) every worker: no table
+    assert all(len(workers) >= 4 for workers in solvers.values()), solvers
 
 
-def test_planner_falls_back_to_worker_zero_for_unknown_names():
-    config = TrainingConfig.from_params({"sft": {"domain_workers": {"math": "nobody"}}})
-    planner = ReferencePlanner(["a", "b"], config.sft)
-    assert planner.solver(make_task()) == 0
+def test_domain_table_routing_is_kept_as_a_named_option():
+    config = TrainingConfig.from_params(
+        {
+            "sft": {
+                "routing": "domain_table",
+                "shapes": {"single": 1.0},
+                "domain_workers": {"math": "sim-abacus", "logic": "nobody"},
+            }
+        }
+    )
+    names = ["sim-sage", "sim-abacus"]
+    planner = ReferencePlanner(names, config.sft)
+    assert planner.plan(make_task(0, 1, 2, domain="math")).workflow.steps[0].worker == 1
+    # a name the pool lacks falls back to worker 0
+    assert planner.plan(make_task(1, 1, 2, domain="logic")).workflow.steps[0].worker == 0
+
+
+@pytest.mark.parametrize(
+    ("sft", "message"),
+    [
+        ({"routing": "oracle"}, "training.sft.routing"),
+        ({"shapes": {"tree": 1.0}}, "unknown shape"),
+        ({"shapes": {"single": 0.0}}, "not all 0"),
+        ({"shapes": {"single": "many"}}, "training.sft.shapes.single: must be a number"),
+    ],
+)
+def test_bad_warm_start_settings_name_the_key(sft, message):
+    with pytest.raises(TrainingConfigError, match=message):
+        TrainingConfig.from_params({"sft": sft})
 
 
 def test_planner_writes_a_short_instruction_when_workers_see_the_question():
-    config = TrainingConfig.from_params({"sft": {"verify_share": 0.0}})
+    config = TrainingConfig.from_params({"sft": {"shapes": {"single": 1.0}}})
     planner = ReferencePlanner(["a", "b"], config.sft, question_to_workers=True)
     task = make_task(0, 3, 4)
     plan = planner.plan(task)

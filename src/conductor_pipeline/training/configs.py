@@ -46,6 +46,8 @@ __all__ = [
 SMOLLM2 = "smollm2-135m-instruct"
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+SFT_SHAPES = ("single", "solve_check", "parallel_aggregate")
+SFT_ROUTING = ("random", "domain_table")
 SCALE_REWARDS = ("group", "batch", "none")
 VLLM_MODES = ("colocate", "server")
 COST_UNITS = ("usd", "tokens")
@@ -202,10 +204,13 @@ class SFTSettings:
     """The scripted warm start (see ``training.planner``): ``n_examples`` planner workflows
     for train questions, ``max_steps`` SFT optimizer steps with completion-only loss.
 
-    ``domain_workers`` maps a task domain to the worker name the planner routes it to
-    (``default_worker`` for other domains); ``verify_share`` of the examples get a second
-    step in which ``verifier_worker`` checks the first answer. Names missing from the pool
-    fall back to worker 0.
+    It teaches the reply format and workflow shapes, not routing. ``shapes`` weighs the
+    shapes the examples take (``single``, ``solve_check``, ``parallel_aggregate``). With
+    ``routing: random`` (the default) every worker in every example is drawn at random, so
+    which worker suits which question is left to reward. ``routing: domain_table`` is the
+    older rule, kept for comparison only: the solver is ``domain_workers[task.domain]``
+    (``default_worker`` for other domains) and checks go to ``verifier_worker``; names
+    missing from the pool fall back to worker 0.
     """
 
     enabled: bool = True
@@ -214,15 +219,11 @@ class SFTSettings:
     batch_size: int = 4
     learning_rate: float = 2e-3
     max_length: int = 1280
-    verify_share: float = 0.2
-    domain_workers: Mapping[str, str] = field(
-        default_factory=lambda: {
-            "math": "sim-abacus",
-            "logic": "sim-sphinx",
-            "algorithmic": "sim-coder",
-            "code": "sim-coder",
-        }
+    routing: str = "random"
+    shapes: Mapping[str, float] = field(
+        default_factory=lambda: {"single": 0.5, "solve_check": 0.25, "parallel_aggregate": 0.25}
     )
+    domain_workers: Mapping[str, str] = field(default_factory=dict)
     default_worker: str = "sim-sage"
     verifier_worker: str = "sim-sage"
 
@@ -232,7 +233,14 @@ class SFTSettings:
         _check(self.batch_size >= 1, "batch_size must be at least 1")
         _check(self.learning_rate > 0, "learning_rate must be positive")
         _check(self.max_length >= 64, "max_length must be at least 64")
-        _check(0 <= self.verify_share <= 1, "verify_share must be in [0, 1]")
+        _check(self.routing in SFT_ROUTING, f"routing must be one of {SFT_ROUTING}")
+        unknown = sorted(set(self.shapes) - set(SFT_SHAPES))
+        _check(not unknown, f"shapes: unknown shape(s) {unknown}; known: {SFT_SHAPES}")
+        _check(
+            all(w >= 0 for w in self.shapes.values()) and sum(self.shapes.values()) > 0,
+            "shapes: weights must be >= 0 and not all 0",
+        )
+        object.__setattr__(self, "shapes", dict(self.shapes))
         object.__setattr__(self, "domain_workers", dict(self.domain_workers))
 
 
@@ -396,7 +404,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     if origin in (Mapping, dict) or hint in (Mapping, dict):
         if not isinstance(value, Mapping):
             raise TrainingConfigError(f"{where}: must be a mapping, got {value!r}")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise TrainingConfigError(f"{where}: keys and values must be strings")
-        return dict(value)
+        if not all(isinstance(k, str) for k in value):
+            raise TrainingConfigError(f"{where}: keys must be strings")
+        value_hint = args[1] if len(args) == 2 else str
+        return {k: _coerce(value_hint, v, f"{where}.{k}") for k, v in value.items()}
     return value

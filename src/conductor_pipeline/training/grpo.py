@@ -45,7 +45,12 @@ from conductor_pipeline.training.rewards import (
     task_columns,
 )
 from conductor_pipeline.workers.types import WorkerCaller
-from conductor_pipeline.workflow import Budget, PromptConfig, conductor_messages
+from conductor_pipeline.workflow import (
+    Budget,
+    PromptConfig,
+    conductor_messages,
+    shown_worker_descriptions,
+)
 from conductor_pipeline.workflow.config import prompt_config as conductor_prompt_config
 
 __all__ = [
@@ -65,6 +70,8 @@ LogMetrics = Callable[[dict[str, float], int], None]
 
 ADAPTER_INFO_FILE = "conductor_info.json"
 ROLLOUT_SAMPLES_FILE = "rollout_samples.jsonl"
+# sub-folder of a trained adapter holding the same run's warm-start (SFT-only) adapter
+WARM_START_DIR = "warm_start"
 
 
 class RolloutSampleLog:
@@ -908,6 +915,10 @@ def train_conductor(
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
     shutil.copytree(stage_adapter, adapter_dir)
+    if sft_info is not None:
+        # the same run's SFT-only adapter travels with the trained one (and into the
+        # registry), so evaluation can measure what GRPO added on top of the warm start
+        shutil.copytree(Path(sft_info["adapter_dir"]), adapter_dir / WARM_START_DIR)
     timings["total"] = time.perf_counter() - started
     result = TrainingResult(
         adapter_dir=adapter_dir,
@@ -923,7 +934,7 @@ def train_conductor(
         seconds={k: round(v, 2) for k, v in timings.items()},
         history=history,
         worker_names=list(pool.names),
-        conductor_descriptions=descriptions,
+        conductor_descriptions=shown_worker_descriptions(descriptions, prompt_config),
         prompt=prompt,
         sft=sft_info,
         recursion_steps=recursion_steps,

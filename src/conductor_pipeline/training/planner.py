@@ -1,23 +1,30 @@
-"""A scripted reference planner: hand-written rules that produce SFT warm-start workflows.
+"""A scripted planner that writes the SFT warm-start workflows.
 
-This is **not** a learned policy and makes no claim to be a good one. It only shows a
-small base model what a well-formed Conductor reply looks like, with routing that is
-plausible for the sandbox pool, so that GRPO starts from completions that parse. The rule:
+The warm start teaches a small base model the *format* of a Conductor reply and a few
+workflow *shapes*; it must not teach routing, or GRPO has nothing left to learn (and the
+"learned" routing would be ours). So by default (``routing: random``) every worker of every
+example is drawn at random, seeded by the task id:
 
-1. The worker is ``domain_workers[task.domain]`` (a worker *name* from the training
-   config), else ``default_worker``; a name the pool does not have falls back to worker 0.
-2. Step 0 asks that worker to solve the question and end with the final answer. When
-   workers do not see the question (``question_to_workers: false``) the subtask carries
-   the **full question**; when they do, a short instruction is enough.
-3. For a deterministic ``verify_share`` of the tasks (a hash of the task id and the seed),
-   a second step asks ``verifier_worker`` to check step 0's attempt, which it sees through
-   its access list, and to state the final answer.
-4. A one-sentence reasoning line precedes the three lists, rendered with ``render_workflow``.
+- ``single``: one worker solves the question.
+- ``solve_check``: one worker solves it, a second sees that attempt and gives the answer.
+- ``parallel_aggregate``: two workers solve it independently, a third sees both attempts
+  and gives the answer.
+
+The shape is drawn with the weights in ``SFTSettings.shapes``. A one-line reasoning names
+the kind of question (its domain) and the plan before the three lists, so that the worker
+number the Conductor writes comes right after the words that should decide it.
+
+``routing: domain_table`` keeps the older rule for comparison: the solver is
+``domain_workers[task.domain]`` (else ``default_worker``) and checks and aggregations go to
+``verifier_worker``. It hands the Conductor a routing table; name it only on purpose.
+
+When workers do not see the question (``question_to_workers: false``) solving subtasks carry
+the full question; when they do, a short instruction is enough.
 """
 
 from __future__ import annotations
 
-import hashlib
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +38,7 @@ __all__ = ["PlannedWorkflow", "ReferencePlanner"]
 _SOLVE = "{question}\nEnd with the final answer."
 _SOLVE_SEEN = "Solve the question step by step and end with the final answer."
 _CHECK = "Check the answer above and give the correct final answer."
+_AGGREGATE = "Compare the attempts above and give the correct final answer."
 
 
 @dataclass(frozen=True)
@@ -38,16 +46,12 @@ class PlannedWorkflow:
     task_id: str
     workflow: Workflow
     reasoning: str
+    shape: str
 
     @property
     def text(self) -> str:
         """The completion the Conductor is fine-tuned to produce."""
         return f"{self.reasoning}\n{render_workflow(self.workflow)}"
-
-
-def _unit(*parts: object) -> float:
-    digest = hashlib.sha256("|".join(map(str, parts)).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 class ReferencePlanner:
@@ -69,34 +73,51 @@ class ReferencePlanner:
         self.question_to_workers = question_to_workers
 
     def worker_for(self, name: str) -> int:
+        """The index of a worker name; a name the pool lacks falls back to worker 0."""
         try:
             return self.worker_names.index(name)
         except ValueError:
             return 0
 
-    def solver(self, task: Task) -> int:
-        name = self.settings.domain_workers.get(task.domain, self.settings.default_worker)
-        return self.worker_for(name)
-
-    def wants_check(self, task: Task) -> bool:
-        return _unit("verify", self.seed, task.id) < self.settings.verify_share
+    def _workers(self, task: Task, rng: random.Random, count: int) -> list[int]:
+        """``count`` workers for one workflow: solvers first, then the checker/aggregator."""
+        n = len(self.worker_names)
+        if self.settings.routing == "domain_table":
+            solver = self.worker_for(
+                self.settings.domain_workers.get(task.domain, self.settings.default_worker)
+            )
+            second = self.worker_for(self.settings.verifier_worker)
+            solvers = [solver, second if second != solver else (solver + 1) % n]
+            return (solvers[: count - 1] + [second]) if count > 1 else [solver]
+        # distinct solvers where the pool allows, so two attempts are two opinions
+        solvers = rng.sample(range(n), min(count - 1, n)) if count > 1 else []
+        while len(solvers) < count - 1:
+            solvers.append(rng.randrange(n))
+        return [*solvers, rng.randrange(n)] if count > 1 else [rng.randrange(n)]
 
     def plan(self, task: Task) -> PlannedWorkflow:
-        solver = self.solver(task)
+        rng = random.Random(f"{self.seed}:{task.id}")
+        names = list(self.settings.shapes)
+        shape = rng.choices(names, weights=[self.settings.shapes[k] for k in names])[0]
         solve = (
             _SOLVE_SEEN
             if self.question_to_workers
             else _SOLVE.format(question=task.question.strip())
         )
-        steps = [Step(solver, solve)]
         kind = task.domain.replace("_", " ")
-        if self.wants_check(task):
-            checker = self.worker_for(self.settings.verifier_worker)
-            steps.append(Step(checker, _CHECK, (0,)))
-            reasoning = (
-                f"This is a {kind} question: Worker {solver} solves it, "
-                f"then Worker {checker} checks the answer."
-            )
+        if shape == "single":
+            (a,) = self._workers(task, rng, 1)
+            steps = [Step(a, solve)]
+            plan = f"Worker {a} solves it."
+        elif shape == "solve_check":
+            a, b = self._workers(task, rng, 2)
+            steps = [Step(a, solve), Step(b, _CHECK, (0,))]
+            plan = f"Worker {a} solves it, then Worker {b} checks the answer."
         else:
-            reasoning = f"This is a {kind} question, so Worker {solver} solves it."
-        return PlannedWorkflow(task.id, Workflow(steps), reasoning)
+            a, b, c = self._workers(task, rng, 3)
+            steps = [Step(a, solve), Step(b, solve), Step(c, _AGGREGATE, (0, 1))]
+            plan = (
+                f"Workers {a} and {b} solve it separately, then Worker {c} compares the "
+                "attempts and gives the answer."
+            )
+        return PlannedWorkflow(task.id, Workflow(steps), f"A {kind} question. {plan}", shape)
