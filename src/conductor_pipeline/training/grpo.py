@@ -535,73 +535,9 @@ class TrainerPolicy:
 
 @functools.cache
 def conductor_trainer_class() -> type:
-    """``ConductorGRPOTrainer``: TRL's GRPOTrainer with one CPU-only change.
-
-    TRL 1.16 scores log-probabilities through a fused, chunked LM head. Without Triton
-    (CPU) it projects *every* position, prompt included, onto the 49k-token vocabulary in
-    the forward and again in the backward (``compact = _use_triton(...)`` in
-    ``trl/trainer/utils.py``): in a sandbox step the loss forward and backward took 37
-    single-threaded CPU seconds instead of 22. On CPU this subclass asks the model for
-    the logits of the completion positions only (``logits_to_keep``) and uses TRL's own
-    ``selective_log_softmax_and_entropy``: the same numbers (checked in
-    ``tests/training/test_grpo.py``). GPU runs are untouched.
-    """
-    from trl import GRPOTrainer
-
-    class ConductorGRPOTrainer(GRPOTrainer):
-        def _get_per_token_logps_and_entropies(
-            self,
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size=None,
-            compute_entropy=False,
-            compute_aux_loss=False,
-            **extra,
-        ):
-            if (
-                input_ids.device.type != "cpu"
-                or compute_aux_loss
-                or any(v is not None for v in extra.values())
-            ):
-                return super()._get_per_token_logps_and_entropies(
-                    model,
-                    input_ids,
-                    attention_mask,
-                    logits_to_keep,
-                    batch_size=batch_size,
-                    compute_entropy=compute_entropy,
-                    compute_aux_loss=compute_aux_loss,
-                    **extra,
-                )
-            import torch
-            from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
-
-            batch_size = batch_size or input_ids.size(0)
-            entropy_grad = bool(getattr(self, "_entropy_bonus_enabled", False))
-            all_logps, all_entropies = [], []
-            for start in range(0, input_ids.size(0), batch_size):
-                ids = input_ids[start : start + batch_size]
-                mask = attention_mask[start : start + batch_size]
-                logits = model(
-                    input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1
-                ).logits[:, :-1, :]
-                targets = ids[:, -logits_to_keep:]
-                if compute_entropy:
-                    logps, entropy = selective_log_softmax_and_entropy(
-                        logits,
-                        targets,
-                        entropy_requires_grad=entropy_grad,
-                        temperature=self.temperature,
-                    )
-                    all_entropies.append(entropy)
-                else:
-                    logps = selective_log_softmax(logits, targets, temperature=self.temperature)
-                all_logps.append(logps)
-            logps = torch.cat(all_logps, dim=0)
-            entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
-            return logps, entropies, None
+    """``ConductorGRPOTrainer`` (``training/trainer.py``): TRL's GRPOTrainer with CPU fast
+    paths for generation and scoring; imported on first use, as TRL is slow to import."""
+    from conductor_pipeline.training.trainer import ConductorGRPOTrainer
 
     return ConductorGRPOTrainer
 
