@@ -414,6 +414,15 @@ def plain_warpers(temperature: float, top_p: float) -> LogitsProcessorList:
     return warpers
 
 
+def _head_logits(head: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head on a few rows. MKL computes ``W @ h.T`` for 8 rows of SmolLM2's 49k x 576
+    head in about half the time of ``F.linear`` (the same dot products)."""
+    if type(head) is not torch.nn.Linear:
+        return head(hidden)
+    logits = (head.weight @ hidden.T).T
+    return logits if head.bias is None else logits + head.bias
+
+
 @torch.no_grad()
 def shared_prefill_generate(
     model: Any,
@@ -481,7 +490,7 @@ def shared_prefill_generate(
                     past_key_values=cache,
                     use_cache=True,
                 ).last_hidden_state[:, -1]
-                chosen = sample_tokens(head(hidden).float(), warpers, generator)
+                chosen = sample_tokens(_head_logits(head, hidden).float(), warpers, generator)
                 states = seen.pop() if seen else None
                 for i, (row, token) in enumerate(zip(live, chosen.tolist(), strict=True)):
                     completions[row].append(token)
