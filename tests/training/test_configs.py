@@ -151,4 +151,4 @@ def test_planner_writes_a_short_instruction_when_workers_see_the_question():
     task = make_task(0, 3, 4)
     plan = planner.plan(task)
     subtask = parse_workflow(plan.text, 2).steps[0].subtask
-    assert task.question not in subtask and "final answer" in subtask
+    assert task.question not in subtask and subtask == "Solve the question."

@@ -11,8 +11,9 @@ example is drawn at random, seeded by the task id:
   and gives the answer.
 
 The shape is drawn with the weights in ``SFTSettings.shapes``. A one-line reasoning names
-the kind of question (its domain) and the plan before the three lists, so that the worker
-number the Conductor writes comes right after the words that should decide it.
+the kind of question (its domain) and the shape in words before the three lists: the worker
+numbers are then written with the words that should decide them in view, and only once (a
+135M model that wrote them in the reasoning too often let the two copies disagree).
 
 ``routing: domain_table`` keeps the older rule for comparison: the solver is
 ``domain_workers[task.domain]`` (else ``default_worker``) and checks and aggregations go to
@@ -36,9 +37,9 @@ __all__ = ["PlannedWorkflow", "ReferencePlanner"]
 
 # Short on purpose: a 135M model learns to copy these in a few SFT steps.
 _SOLVE = "{question}\nEnd with the final answer."
-_SOLVE_SEEN = "Solve the question step by step and end with the final answer."
-_CHECK = "Check the answer above and give the correct final answer."
-_AGGREGATE = "Compare the attempts above and give the correct final answer."
+_SOLVE_SEEN = "Solve the question."
+_CHECK = "Check the answer above and give the final answer."
+_AGGREGATE = "Compare the answers above and give the final answer."
 
 
 @dataclass(frozen=True)
@@ -108,16 +109,13 @@ class ReferencePlanner:
         if shape == "single":
             (a,) = self._workers(task, rng, 1)
             steps = [Step(a, solve)]
-            plan = f"Worker {a} solves it."
+            plan = "One worker solves it."
         elif shape == "solve_check":
             a, b = self._workers(task, rng, 2)
             steps = [Step(a, solve), Step(b, _CHECK, (0,))]
-            plan = f"Worker {a} solves it, then Worker {b} checks the answer."
+            plan = "One worker solves it, a second checks the answer."
         else:
             a, b, c = self._workers(task, rng, 3)
             steps = [Step(a, solve), Step(b, solve), Step(c, _AGGREGATE, (0, 1))]
-            plan = (
-                f"Workers {a} and {b} solve it separately, then Worker {c} compares the "
-                "attempts and gives the answer."
-            )
+            plan = "Two workers solve it separately, a third compares their answers."
         return PlannedWorkflow(task.id, Workflow(steps), f"A {kind} question. {plan}", shape)

@@ -6,6 +6,11 @@ SFTTrainer computes the loss on the completion (the assistant turn) only
 (``completion_only_loss``, on by default for prompt/completion data). The resulting
 adapter is the starting point of GRPO.
 
+On CPU the loss is computed by :func:`completion_loss` rather than TRL's fused LM head,
+which without Triton projects every position (prompt included) onto the 49k-token
+vocabulary and computes its entropy there, forward and backward: the prompt is most of each
+sequence, and none of it carries loss. Same loss (tested); GPU runs use TRL's path.
+
 Heavy imports (torch, TRL, PEFT) happen inside the functions.
 """
 
@@ -24,7 +29,7 @@ from conductor_pipeline.training.configs import SFTSettings, TrainingConfig
 from conductor_pipeline.training.planner import ReferencePlanner
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
 
-__all__ = ["SFTResult", "build_sft_examples", "run_sft"]
+__all__ = ["SFTResult", "build_sft_examples", "completion_loss", "run_sft"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,50 @@ def build_sft_examples(
     return rows
 
 
+def completion_loss(model: Any, inputs: dict[str, Any], num_items: Any = None) -> Any:
+    """Mean negative log-likelihood of the labelled tokens (``labels`` != -100), computing
+    logits only from the earliest labelled position of the batch on (``logits_to_keep``).
+
+    ``labels`` are aligned with ``input_ids`` (the model predicts ``labels[t]`` from the
+    positions before ``t``), as in TRL's collator; ``num_items`` is the token count to
+    divide by (TRL passes the batch's count), else the labelled tokens here.
+    """
+    import torch
+
+    labels = inputs["labels"]
+    labelled = labels != -100
+    width = labels.shape[1]
+    if not bool(labelled.any()):
+        return labels.new_zeros((), dtype=torch.float32)
+    first = int(labelled.any(dim=0).float().argmax())
+    keep = width - first + 1  # the position before `first` predicts it
+    forward = {k: v for k, v in inputs.items() if k not in ("labels", "completion_mask")}
+    logits = model(**forward, use_cache=False, logits_to_keep=keep).logits[:, :-1, :]
+    targets = labels[:, first:]
+    total = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
+        ignore_index=-100,
+        reduction="sum",
+    )
+    count = num_items if num_items is not None else labelled.sum()
+    return total / torch.as_tensor(count).clamp(min=1)
+
+
+def _trainer_class() -> type:
+    from trl import SFTTrainer
+
+    class ConductorSFTTrainer(SFTTrainer):
+        """TRL's SFTTrainer whose CPU loss skips the prompt positions (module docstring)."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001
+            if return_outputs or inputs["input_ids"].device.type != "cpu":
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return completion_loss(model, inputs, num_items_in_batch)
+
+    return ConductorSFTTrainer
+
+
 def run_sft(
     model: Any,
     tokenizer: Any,
@@ -84,7 +133,7 @@ def run_sft(
     """Fine-tune ``model`` (wrapped with ``peft_config`` when given) on ``examples`` and
     save the adapter to ``output_dir/adapter``. Returns what happened."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
     settings = config.sft
     output_dir = Path(output_dir)
@@ -112,7 +161,7 @@ def run_sft(
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = SFTTrainer(
+    trainer = _trainer_class()(
         model=model,
         args=args,
         train_dataset=dataset,

@@ -1,0 +1,86 @@
+"""The warm start's CPU loss equals TRL's, and its examples are the planner's replies."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _batch(tokenizer, rows):
+    """A right-padded batch as TRL's collator builds it: labels -100 on prompt and padding."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    width = max(len(p) + len(c) for p, c in rows)
+    ids, mask, labels = [], [], []
+    for prompt, completion in rows:
+        seq = prompt + completion
+        fill = width - len(seq)
+        ids.append(seq + [pad] * fill)
+        mask.append([1] * len(seq) + [0] * fill)
+        labels.append([-100] * len(prompt) + completion + [-100] * fill)
+    return {
+        "input_ids": torch.tensor(ids),
+        "attention_mask": torch.tensor(mask),
+        "labels": torch.tensor(labels),
+    }
+
+
+def test_completion_loss_and_gradients_equal_the_full_logits_loss(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_pipeline.training.sft import completion_loss
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # prompts of different lengths, so the earliest completion start differs per row
+    rows = [
+        (list(range(10, 40)), list(range(500, 512))),
+        (list(range(60, 75)), list(range(700, 705))),
+        (list(range(80, 130)), list(range(900, 903))),
+    ]
+    batch = _batch(tokenizer, rows)
+
+    fast = completion_loss(model, batch)
+    fast.backward()
+    fast_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+
+    # reference: every position's logits, the usual shifted cross-entropy
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    reference = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]),
+        batch["labels"][:, 1:].reshape(-1),
+        ignore_index=-100,
+    )
+    reference.backward()
+    ref_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    assert torch.allclose(fast, reference, atol=1e-5), (fast, reference)
+    assert len(fast_grads) == len(ref_grads)
+    for a, b in zip(fast_grads, ref_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    # the token count TRL passes wins over the batch's own count
+    halved = completion_loss(model, batch, num_items=2 * int((batch["labels"] != -100).sum()))
+    assert torch.allclose(halved, fast.detach() / 2, atol=1e-6)
+
+
+def test_sft_examples_are_planner_replies_to_the_training_prompt():
+    from conductor_pipeline.training.configs import SFTSettings
+    from conductor_pipeline.training.planner import ReferencePlanner
+    from conductor_pipeline.training.sft import build_sft_examples
+    from conductor_pipeline.workflow import PromptConfig, conductor_messages
+
+    from .fakes import make_task
+
+    tasks = [make_task(i, i, 2) for i in range(6)]
+    settings = SFTSettings(n_examples=4)
+    config = PromptConfig(question_to_workers=True, few_shot=[])
+    rows = build_sft_examples(tasks, ["a", "b", "c"], ["", "", ""], config, settings, seed=3)
+    planner = ReferencePlanner(["a", "b", "c"], settings, seed=3, question_to_workers=True)
+    by_id = {t.id: t for t in tasks}
+    assert len(rows) == 4
+    for row in rows:
+        task = by_id[row["task_id"]]
+        assert row["prompt"] == conductor_messages(task.question, ["", "", ""], config)
+        assert row["completion"][0]["content"] == planner.plan(task).text
