@@ -88,7 +88,9 @@ def test_sandbox_parameters_stay_small_for_mlflow():
 def test_warm_start_planner_draws_workers_at_random_in_every_shape():
     """Format-only warm start: no domain decides a worker, every shape appears, and the
     workflows parse back to what was planned."""
-    config = TrainingConfig.from_params({})
+    config = TrainingConfig.from_params(
+        {"sft": {"shapes": {"single": 0.5, "solve_check": 0.25, "parallel_aggregate": 0.25}}}
+    )
     assert config.sft.routing == "random" and not config.sft.domain_workers
     names = ["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx", "sim-sprout"]
     planner = ReferencePlanner(names, config.sft, seed=1)

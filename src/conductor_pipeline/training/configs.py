@@ -221,7 +221,7 @@ class SFTSettings:
     max_length: int = 1280
     routing: str = "random"
     shapes: Mapping[str, float] = field(
-        default_factory=lambda: {"single": 0.5, "solve_check": 0.25, "parallel_aggregate": 0.25}
+        default_factory=lambda: {"single": 0.7, "solve_check": 0.3}
     )
     domain_workers: Mapping[str, str] = field(default_factory=dict)
     default_worker: str = "sim-sage"
