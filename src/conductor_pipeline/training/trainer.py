@@ -1,36 +1,42 @@
 """``ConductorGRPOTrainer``: TRL 1.16's ``GRPOTrainer`` with CPU fast paths for one GRPO step.
 
-Where stock TRL spends a sandbox step on CPU (SmolLM2-135M + LoRA, G rollouts of P prompts):
+Where stock TRL spends a sandbox step on CPU (SmolLM2-135M, LoRA on the last 8 layers, G
+rollouts for each of P prompts):
 
-- Generation runs ``model.generate`` on a left-padded batch of all ``P * G`` rows, so every
-  row prefills its prompt again although the G rows of a group share it. Decoding then pays,
-  at every token, for ``DynamicCache`` concatenating the whole cache again, for SDPA copying
-  the grouped key/value heads (``repeat_kv``, done whenever a padding mask is passed) and for
-  ``torch.multinomial`` drawing one exponential per vocabulary entry.
-- The loss forward and backward run prompt + completion for every row, and TRL's fused LM
-  head projects every position, prompt and padding included, onto the 49k-token vocabulary
-  (it scores only the needed positions with Triton, which CPUs lack).
+- Generation runs ``model.generate`` on a left-padded batch of all ``P * G`` rows, so each
+  of the G rows of a group prefills the same prompt again. Every decoded token then pays
+  for ``DynamicCache`` concatenating the whole cache again, for SDPA copying the grouped
+  key/value heads (``repeat_kv``, whenever a padding mask is passed), for attention reading
+  each prompt's keys once per row, and for ``torch.multinomial`` drawing one exponential
+  per vocabulary entry.
+- The loss runs prompt + completion through all layers for every row, though the layers
+  below the LoRA are frozen and were run on the same tokens while generating, and TRL's
+  fused LM head projects every position, prompt and padding included, onto the 49k-token
+  vocabulary (it skips them only with Triton, which CPUs lack).
 
-The fast paths (CPU, one process, plain temperature/top-p sampling; anything else goes to
-TRL unchanged):
+The fast paths (CPU, one process, plain temperature/top-p sampling, Llama layers for the
+recorded states; anything else runs TRL's code):
 
-1. :func:`shared_prefill_generate`: each distinct prompt is prefilled once (the opening all
-   prompts share, system prompt + rules + workers, once per step), its cache is copied to its
-   rows of a preallocated key/value buffer, and the rows decode together; finished rows leave
-   the batch. Tokens are drawn from the distribution transformers samples from (its own
-   temperature and top-p warpers), by inverse CDF instead of ``torch.multinomial``.
-2. :func:`grouped_completion_logps`: per group, the prompt runs once with gradients (the LoRA
-   weights act on its keys and values), its cache is expanded to the group's rows and only
-   the completion tokens run on top; the LM head projects only real completion tokens.
+1. :func:`shared_prefill_generate`: the opening all prompts share (system prompt, rules,
+   workers) runs once, then each distinct prompt's own tail; the rows decode together with
+   each prompt's keys and values held once for its group, the generated ones in
+   preallocated buffers, and a finished row leaves the batch. Tokens are drawn from the
+   distribution transformers samples from (its temperature and top-p warpers), by inverse
+   CDF. The hidden states entering the first LoRA layer are recorded (:class:`FrozenStates`).
+2. :func:`grouped_completion_logps`: the loss pass starts at the first LoRA layer from the
+   recorded states; per group the prompt runs once with gradients (the LoRA weights act on
+   its keys and values), its cache serves the group's rows, only the completion tokens run
+   on top, and the LM head projects only real completion tokens.
 
-Both run the model with SDPA letting the kernel broadcast grouped key/value heads
-(``enable_gqa``) instead of copying them: the same arithmetic.
+Attention runs SDPA letting the kernel broadcast grouped key/value heads (``enable_gqa``)
+instead of copying them: the same arithmetic.
 
-Semantics versus stock TRL. Log-probabilities, entropies and gradients are the stock ones up
-to float rounding (``tests/training/test_trainer_fast_path.py``). Completions follow the same
-sampling distribution, EOS handling and length limit, but not the same random stream: one
-seed gives other completions than stock TRL. With LoRA dropout active, one dropout draw covers
-a group's shared prompt where stock TRL draws one per row.
+Semantics versus stock TRL. Log-probabilities, entropies and LoRA gradients are the stock
+ones up to float rounding (``tests/training/test_trainer_fast_path.py``). Completions follow
+the same sampling distribution, EOS handling and length limit, but not the same random
+stream: one seed gives other completions than stock TRL. With LoRA dropout active (training
+mode, as in TRL's own generation and loss), one dropout draw covers a group's shared prompt
+where stock TRL draws one per row.
 """
 
 from __future__ import annotations
@@ -92,7 +98,13 @@ def _sdpa_gqa_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention, but grouped key/value heads are broadcast by the kernel
     (``enable_gqa``); transformers repeats them in memory whenever a mask is passed, which
-    at decode time copies the whole cache three times per layer and token (SmolLM2)."""
+    at decode time copies the whole cache three times per layer and token (SmolLM2).
+    Decoding with a ``grouped_decode`` cache goes to :func:`_grouped_decode_attention`."""
+    decode = kwargs.get("grouped_decode")
+    if decode is not None:
+        layer = decode.layers[module.layer_idx]
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return _grouped_decode_attention(query, layer, decode.spans, scale), None
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal and q_len > 1 and attention_mask is None)
@@ -355,15 +367,23 @@ def prompt_caches(
 # -- generation ------------------------------------------------------------------------------
 
 
-class _BufferLayer(DynamicLayer):
-    """A cache layer writing into preallocated buffers: ``DynamicLayer`` concatenates the
-    whole cache again at every generated token."""
+class _DecodeLayer(DynamicLayer):
+    """One layer's decode cache: each prompt group's keys and values once (a padded batch
+    cache holds a prompt once per row, and attention reads every copy at every token), and
+    the generated tokens' per row in preallocated buffers (``DynamicLayer`` concatenates
+    the whole cache again at every token)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+    def __init__(
+        self, prompts: list[tuple[torch.Tensor, torch.Tensor]], rows: int, width: int
+    ) -> None:
         super().__init__()
+        keys, values = prompts[0]
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
-        self._keys, self._values, self.length = keys, values, length
+        self.prompts = prompts
+        self._keys = keys.new_zeros((rows, keys.shape[1], width, keys.shape[3]))
+        self._values = values.new_zeros((rows, values.shape[1], width, values.shape[3]))
+        self.length = 0
         self._views()
 
     def _views(self) -> None:
@@ -386,6 +406,64 @@ class _BufferLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._keys, self._values = self._keys[indices], self._values[indices]
         self._views()
+
+
+def _spans(row_groups: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(group, first row, end row)`` of each run of rows of one group."""
+    spans: list[tuple[int, int, int]] = []
+    for row, group in enumerate(row_groups):
+        if spans and spans[-1][0] == group:
+            spans[-1] = (group, spans[-1][1], row + 1)
+        else:
+            spans.append((group, row, row + 1))
+    return spans
+
+
+class _GroupedDecodeCache(Cache):
+    """The decode cache of rows sorted by prompt group; ``spans`` locates each group's
+    rows among the live ones (see :func:`_grouped_decode_attention`)."""
+
+    def __init__(self, caches: list[KV], row_groups: Sequence[int], width: int) -> None:
+        n_layers = len(caches[0])
+        super().__init__(
+            layers=[
+                _DecodeLayer([kv[i] for kv in caches], len(row_groups), width)
+                for i in range(n_layers)
+            ]
+        )
+        self.spans = _spans(row_groups)
+
+    def keep(self, indices: torch.Tensor, row_groups: Sequence[int]) -> None:
+        """Keep the rows at ``indices`` (unfinished ones), whose groups are ``row_groups``."""
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
+        self.spans = _spans(row_groups)
+
+
+def _grouped_decode_attention(
+    query: torch.Tensor, layer: _DecodeLayer, spans: list[tuple[int, int, int]], scaling: float
+) -> torch.Tensor:
+    """One new token per row attending to its group's prompt (read once for the group's
+    rows) and to its own generated tokens, the two score blocks under one softmax.
+    ``query``: (rows, heads, 1, dim); returns (rows, 1, heads, dim)."""
+    rows, heads, _, dim = query.shape
+    kv_heads = layer.keys.shape[1]
+    per_kv = heads // kv_heads
+    query = query.view(rows, kv_heads, per_kv, dim)
+    generated = torch.matmul(query, layer.keys.transpose(-1, -2))  # rows, kv, per_kv, t
+    outputs = []
+    for group, start, end in spans:
+        keys, values = layer.prompts[group]
+        n, length = end - start, keys.shape[2]
+        grouped = query[start:end].transpose(0, 1).reshape(kv_heads, n * per_kv, dim)
+        prompt = torch.matmul(grouped, keys[0].transpose(-1, -2))
+        prompt = prompt.view(kv_heads, n, per_kv, length).transpose(0, 1)
+        probs = torch.cat([prompt, generated[start:end]], dim=-1).mul_(scaling).softmax(dim=-1)
+        from_prompt = probs[..., :length].transpose(0, 1).reshape(kv_heads, n * per_kv, length)
+        from_prompt = torch.matmul(from_prompt, values[0]).view(kv_heads, n, per_kv, dim)
+        from_generated = torch.matmul(probs[..., length:], layer.values[start:end])
+        outputs.append(from_prompt.transpose(0, 1) + from_generated)
+    return torch.cat(outputs).view(rows, 1, heads, dim)
 
 
 def sample_tokens(
@@ -439,56 +517,38 @@ def shared_prefill_generate(
 
     Each row's completion ends with its first EOS token (any of ``eos_token_ids``, kept) or
     after ``max_new_tokens`` tokens: the token lists TRL's ``_generate_single_turn`` returns.
-    Each distinct prompt is prefilled once (see :func:`prompt_caches`); rows then decode
-    together from a buffer holding every row's prompt cache, right-aligned, and a finished
-    row leaves the batch. ``record`` receives the states entering its layer.
+    Each distinct prompt is prefilled once (see :func:`prompt_caches`); its rows then decode
+    together on its cache (:class:`_GroupedDecodeCache`), and a finished row leaves the
+    batch. ``record`` receives the states entering its layer.
     """
     if not prompt_ids or min(len(p) for p in prompt_ids) < 2:
         raise FastPathUnsupported("prompts of fewer than two tokens")
     backbone, head = _backbone_and_head(model)
     warpers = warpers if warpers is not None else LogitsProcessorList()
     groups = group_rows(prompt_ids)
-    n_rows = len(prompt_ids)
-    past = max(len(ids) - 1 for ids, _ in groups)
-    width = past + max_new_tokens
+    live = [row for _, rows in groups for row in rows]  # rows sorted by group
+    live_groups = [index for index, (_, rows) in enumerate(groups) for _ in rows]
+    completions: list[list[int]] = [[] for _ in prompt_ids]
+    fed: list[list[torch.Tensor]] = [[] for _ in prompt_ids]
     with gqa_attention(model) as grouped_heads:
+        if not grouped_heads:
+            raise FastPathUnsupported(f"attention {_base_model(model).config._attn_implementation}")
         caches = prompt_caches(
             model, [ids for ids, _ in groups], share_prefix=share_prefix, record=record
         )
+        cache = _GroupedDecodeCache(caches, live_groups, max_new_tokens)
         device = caches[0][0][0].device
-        layers = []
-        for index, (keys, values) in enumerate(caches[0]):
-            key_buffer = keys.new_zeros((n_rows, keys.shape[1], width, keys.shape[3]))
-            value_buffer = values.new_zeros((n_rows, values.shape[1], width, values.shape[3]))
-            for (ids, rows), kv in zip(groups, caches, strict=True):
-                start = past - (len(ids) - 1)
-                key_buffer[rows, :, start:past] = kv[index][0]
-                value_buffer[rows, :, start:past] = kv[index][1]
-            layers.append(_BufferLayer(key_buffer, value_buffer, past))
-        cache = Cache(layers=layers)
-        # the padding mask; with the grouped-heads SDPA it goes in as the 4D boolean mask
-        # transformers would build from it at every token
-        mask = torch.zeros((n_rows, 1, 1, width), dtype=torch.bool, device=device)
-        for ids, rows in groups:
-            mask[rows, :, :, past - (len(ids) - 1) : past] = True
-
-        tokens = torch.tensor([[ids[-1]] for ids in prompt_ids], device=device)
-        positions = torch.tensor([[len(ids) - 1] for ids in prompt_ids], device=device)
-        live = list(range(n_rows))
+        tokens = torch.tensor([[prompt_ids[row][-1]] for row in live], device=device)
+        positions = torch.tensor([[len(prompt_ids[row]) - 1] for row in live], device=device)
         eos = torch.tensor(list(eos_token_ids), device=device)
-        completions: list[list[int]] = [[] for _ in range(n_rows)]
-        fed: list[list[torch.Tensor]] = [[] for _ in range(n_rows)]
         with _layer_inputs(backbone, record.layer if record is not None else None) as seen:
-            for step in range(max_new_tokens):
-                seen_tokens = past + step + 1
-                mask[:, :, :, seen_tokens - 1] = True
-                step_mask = mask[..., :seen_tokens]
+            for _ in range(max_new_tokens):
                 hidden = backbone(
                     input_ids=tokens,
-                    attention_mask=step_mask if grouped_heads else step_mask[:, 0, 0].long(),
                     position_ids=positions,
                     past_key_values=cache,
                     use_cache=True,
+                    grouped_decode=cache,
                 ).last_hidden_state[:, -1]
                 chosen = sample_tokens(_head_logits(head, hidden).float(), warpers, generator)
                 states = seen.pop() if seen else None
@@ -501,10 +561,10 @@ def shared_prefill_generate(
                     break
                 if bool(done.any()):
                     keep = (~done).nonzero().squeeze(1)
-                    for layer in layers:
-                        layer.batch_select_indices(keep)
-                    mask, chosen, positions = mask[keep], chosen[keep], positions[keep]
                     live = [live[i] for i in keep.tolist()]
+                    live_groups = [live_groups[i] for i in keep.tolist()]
+                    cache.keep(keep, live_groups)
+                    chosen, positions = chosen[keep], positions[keep]
                 tokens = chosen.unsqueeze(1)
                 positions = positions + 1
     if record is not None:
