@@ -677,6 +677,7 @@ def training_step_cost() -> dict[str, Any]:
     threads = os.environ.get("BENCH_TORCH_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
+    load_before = os.getloadavg()[0]
     figures = training_step_benchmark(
         config,
         prompt_config(conductor.get("prompt")),
@@ -684,4 +685,6 @@ def training_step_cost() -> dict[str, Any]:
         steps=int(os.environ.get("BENCH_TRAINING_STEPS", "2")),
     )
     figures["torch_threads"] = torch.get_num_threads()
+    # other processes on the box slow both trainers, unevenly: the load says how busy it was
+    figures["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return figures
