@@ -103,6 +103,10 @@ def conductor_pipeline():
     def summarise_evaluation():
         _run_kedro_node(node_names=["summarise_evaluation"])
 
+    @task(task_id="summarise-routing")
+    def summarise_routing():
+        _run_kedro_node(node_names=["summarise_routing"])
+
     @task(task_id="promote-challenger")
     def promote_challenger():
         _run_kedro_node(node_names=["promote_challenger"])
@@ -132,6 +136,7 @@ def conductor_pipeline():
         "run-evaluation": run_evaluation(),
         "log-conductor-traces": log_conductor_traces(),
         "summarise-evaluation": summarise_evaluation(),
+        "summarise-routing": summarise_routing(),
         "promote-challenger": promote_challenger(),
         "log-promotion-metrics": log_promotion_metrics(),
         "render-evaluation-report": render_evaluation_report(),
@@ -151,6 +156,7 @@ def conductor_pipeline():
     tasks["register-conductor"] >> tasks["run-evaluation"]
     tasks["run-evaluation"] >> tasks["log-conductor-traces"]
     tasks["run-evaluation"] >> tasks["summarise-evaluation"]
+    tasks["run-evaluation"] >> tasks["summarise-routing"]
     tasks["run-evaluation"] >> tasks["promote-challenger"]
     tasks["summarise-evaluation"] >> tasks["promote-challenger"]
     tasks["promote-challenger"] >> tasks["log-promotion-metrics"]
