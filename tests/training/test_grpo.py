@@ -196,7 +196,8 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
     assert saved["config_fingerprint"] == config.fingerprint()
     assert saved["pool_fingerprint"] == info.fingerprint()
     assert saved["prompt"] == PROMPT  # the conductor.prompt it was trained with
-    assert saved["conductor_descriptions"] == list(pool.descriptions)
+    # workers are ordinals in the prompt (the default): no description was shown
+    assert saved["conductor_descriptions"] == [""] * len(pool.descriptions)
     assert sorted(p.name for p in (result.run_dir / "grpo").glob("checkpoint-*")) == [
         "checkpoint-1",
         "checkpoint-2",
