@@ -653,9 +653,12 @@ def training_step_cost() -> dict[str, Any]:
     """One sandbox GRPO step on CPU: stock TRL against the project's trainer (SmolLM2-135M,
     the sandbox LoRA and GRPO settings of conf/base/parameters_training.yml, the sandbox
     prompt of conf/base/parameters_conductor.yml with the six sandbox workers, a hash
-    reward). Environment overrides: ``BENCH_TRAINING_STEPS`` (measured steps, default 2),
+    reward), each after one warm-up step. The time grows with the configured rollouts per
+    step (stock TRL: about 12 minutes a step for 8 x 4 rollouts on one busy core), so the
+    environment can override: ``BENCH_TRAINING_STEPS`` (measured steps, default 1),
     ``BENCH_NUM_GENERATIONS``, ``BENCH_PROMPTS_PER_STEP``, ``BENCH_MAX_COMPLETION_LENGTH``,
-    ``BENCH_TORCH_THREADS`` (default: torch's)."""
+    ``BENCH_TORCH_THREADS`` (default: torch's; on a 2-core box shared with other work, 1
+    avoids OpenMP threads waiting on each other)."""
     import os
 
     import torch
@@ -682,7 +685,7 @@ def training_step_cost() -> dict[str, Any]:
         config,
         prompt_config(conductor.get("prompt")),
         _sandbox_worker_descriptions(),
-        steps=int(os.environ.get("BENCH_TRAINING_STEPS", "2")),
+        steps=int(os.environ.get("BENCH_TRAINING_STEPS", "1")),
     )
     figures["torch_threads"] = torch.get_num_threads()
     # other processes on the box slow both trainers, unevenly: the load says how busy it was
