@@ -8,6 +8,7 @@ import pytest
 
 from conductor_pipeline.pipelines.data_prep.nodes import validate_params
 from conductor_pipeline.project import load_project_config
+from conductor_pipeline.training.configs import FULL_FINETUNE_LR, TrainingConfig
 from conductor_pipeline.workers import load_worker_specs
 from conductor_pipeline.workflow.config import orchestration_config
 
@@ -38,3 +39,12 @@ def test_gpu_profile_follows_the_paper():
     assert conductor.temperature == 1.0 and conductor.max_tokens == 1024
     quotas = config.parameters["data_prep"]["domain_quota"]
     assert sum(quotas.values()) == 960 and len(set(quotas.values())) == 1
+
+
+def test_gpu_profile_trains_lora_at_a_lora_rate():
+    """The paper's lr 1e-6 is for a full fine-tune; the gpu profile trains LoRA, whose
+    update needs a rate well above that (about 10x) to move in 200 steps."""
+    config = load_project_config("gpu", root=REPO)
+    training = TrainingConfig.from_params(config.parameters["training"])
+    if training.lora.enabled:
+        assert training.grpo.learning_rate >= 10 * FULL_FINETUNE_LR

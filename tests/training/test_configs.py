@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conductor_pipeline.training.configs import TrainingConfig, TrainingConfigError
+from conductor_pipeline.training.configs import (
+    FULL_FINETUNE_LR,
+    TrainingConfig,
+    TrainingConfigError,
+)
 from conductor_pipeline.training.planner import ReferencePlanner
 from conductor_pipeline.workflow import parse_workflow
 
@@ -70,9 +74,22 @@ def test_shipped_parameter_files_parse(env):
         assert config.base_model == "Qwen/Qwen2.5-7B-Instruct"
         assert config.grpo.num_generations == 64 and config.grpo.prompts_per_step == 4
         assert config.grpo.use_vllm and not config.sft.enabled and config.grpo.beta == 0
-        assert config.grpo.learning_rate == 1e-6 and config.grpo.max_steps == 200
+        # LoRA, so a LoRA rate above the paper's full fine-tune rate of 1e-6
+        assert config.lora.enabled and config.grpo.learning_rate > FULL_FINETUNE_LR
+        assert config.grpo.max_steps == 200
     else:
         assert config.sft.enabled and not config.recursion.enabled and not config.grpo.use_vllm
+
+
+@pytest.mark.parametrize("rate", [1e-6, 5e-7])
+def test_lora_at_the_full_fine_tune_rate_is_refused(rate):
+    with pytest.raises(TrainingConfigError) as err:
+        TrainingConfig.from_params({"grpo": {"learning_rate": rate}})
+    message = str(err.value)
+    assert "grpo.learning_rate" in message and "LoRA" in message and "10x" in message
+    # a full fine-tune may use the paper's rate
+    full = TrainingConfig.from_params({"grpo": {"learning_rate": rate}, "lora": {"enabled": False}})
+    assert full.grpo.learning_rate == rate
 
 
 def test_sandbox_parameters_stay_small_for_mlflow():

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "FULL_FINETUNE_LR",
     "SMOLLM2",
     "BudgetSettings",
     "GRPOSettings",
@@ -51,6 +52,9 @@ SFT_ROUTING = ("random", "domain_table")
 SCALE_REWARDS = ("group", "batch", "none")
 VLLM_MODES = ("colocate", "server")
 COST_UNITS = ("usd", "tokens")
+# The paper's learning rate for its full fine-tune of the 7B Conductor (conductor-paper.md §4).
+# A LoRA run at or below it barely moves the adapter, so the loader refuses that pairing.
+FULL_FINETUNE_LR = 1e-6
 
 
 class TrainingConfigError(ValueError):
@@ -304,6 +308,15 @@ class TrainingConfig:
             _check(self.max_train_tasks >= 1, "max_train_tasks must be at least 1 or null")
         if self.max_question_tokens is not None:
             _check(self.max_question_tokens >= 1, "max_question_tokens must be at least 1 or null")
+        # LoRA trains a small update that starts at zero, so at a full fine-tune's rate it
+        # learns far more slowly than the run it copies; 200 paper-sized steps would end
+        # close to the base model. Refuse instead of spending a GPU run on it.
+        _check(
+            not self.lora.enabled or self.grpo.learning_rate > FULL_FINETUNE_LR,
+            f"grpo.learning_rate {self.grpo.learning_rate:g} with LoRA (lora.enabled) is at or "
+            f"below the paper's full fine-tune rate {FULL_FINETUNE_LR:g}; a LoRA adapter needs "
+            "roughly 10x the full fine-tune rate (e.g. 1e-5)",
+        )
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
