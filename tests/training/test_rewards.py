@@ -360,3 +360,22 @@ async def test_the_reward_function_reports_routing_per_domain():
     assert metrics["domain/logic/worker/sim-bad"] == 1.0  # of the one parsed logic rollout
     assert metrics["shape/single"] == pytest.approx(2 / 3)
     assert metrics["workflow/multi_step_share"] == pytest.approx(1 / 3)
+
+
+async def test_recursion_all_step_sees_round_zero_as_in_serving():
+    # round 1's only step does not restate the question: it can solve it only because "all"
+    # shows it round 0's subtask (which holds the question), as orchestrate does in serving
+    pool = FakePool([TASK])
+    r0 = await _round0(workflow_text([1], [Q], [[]]), pool)
+    review = workflow_text([0], ["Redo the earlier attempt correctly."], ["all"])
+    out = await score_recursion_round(
+        r0, "", TASK, review, pool, 3, pool.names, PromptConfig(few_shot=[]), FAST, 0.25
+    )
+    assert out.recursion_reward == 1.0
+
+
+async def test_binary_access_prompt_scores_position_lists_as_unparseable():
+    text = workflow_text([1, 0], [Q, "Check the attempt above."], [[], [0]])
+    binary = PromptConfig(few_shot=[], positional_access=False)
+    result = await score_rollout(text, TASK, FakePool([TASK]), 3, None, binary, FAST)
+    assert result.reward == 0.0 and "positional_access" in (result.parse_error or "")

@@ -9,6 +9,7 @@ from conductor_pipeline.workflow import (
     Budget,
     OrchestrationConfig,
     PolicyCompletion,
+    PromptConfig,
     orchestrate,
 )
 
@@ -149,3 +150,56 @@ async def test_a_failing_observer_does_not_break_the_run():
 
     result = await orchestrate("q", ScriptedPolicy(GOOD), EchoPool(), WORKERS, on_event=explode)
     assert result.answer == "w1:2"
+
+
+class RecordingPool(EchoPool):
+    """An EchoPool that also keeps the message each call was sent."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    async def __call__(self, worker, messages, sample_index=0):
+        self.seen.append(" ".join(m["content"] for m in messages))
+        return await super().__call__(worker, messages, sample_index)
+
+
+async def test_recursion_all_access_also_shows_the_previous_round():
+    """The paper's recursion: a round-1 step written with "all" sees round 0's subtasks and
+    responses (even as the first step of its round); a step with [] sees none of them."""
+    pool = RecordingPool()
+    single = lists([1], ["review the earlier attempt"], ["all"])
+    mixed = lists([0, 1, 1], ["fresh attempt", "fix the answer", "final"], [[], [], "all"])
+    policy = ScriptedPolicy(GOOD, single)
+    result = await orchestrate(
+        "2+2?", policy, pool, WORKERS, config=OrchestrationConfig(max_rounds=1)
+    )
+    assert result.answer == "w1:3"
+    round0_shown = ("compute 2+2", "check it", "w0:1", "w1:2")
+    step0_round1 = pool.seen[2]
+    assert all(text in step0_round1 for text in round0_shown), step0_round1
+
+    pool = RecordingPool()
+    policy = ScriptedPolicy(GOOD, mixed)
+    await orchestrate("2+2?", policy, pool, WORKERS, config=OrchestrationConfig(max_rounds=1))
+    fresh, fix, final = pool.seen[2:]
+    for text in round0_shown:
+        assert text not in fresh and text not in fix  # [] sees nothing, not even round 0
+        assert text in final
+    # ... and the "all" step still sees this round's earlier steps
+    assert "fresh attempt" in final and "fix the answer" in final
+
+
+async def test_binary_access_refuses_position_lists_and_resamples():
+    """With positional_access off (the gpu profile, the paper's main model) a position list
+    is a format error naming the entry, not a silently accepted workflow."""
+    positional = lists([0, 1, 1], ["a", "b", "c"], [[], [], [0]])
+    config = OrchestrationConfig(prompt=PromptConfig(positional_access=False))
+    pool = EchoPool()
+    result = await orchestrate("q", ScriptedPolicy(positional, GOOD), pool, WORKERS, config=config)
+    error = result.conductor_calls[0].parse_error
+    assert error is not None and "access_list[2]" in error and "positional_access" in error
+    assert result.answer == "w1:2" and pool.calls == 2
+    # the same text is fine where the prompt offers position lists (the sandbox default)
+    result = await orchestrate("q", ScriptedPolicy(positional), EchoPool(), WORKERS)
+    assert result.conductor_calls[0].parse_error is None

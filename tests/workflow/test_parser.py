@@ -298,3 +298,39 @@ def test_workflow_from_lists_matches_json_dict():
     wf = workflow_from_lists(*TREE.to_dict().values(), 3)
     assert wf == TREE
     assert json.loads(json.dumps(TREE.to_dict())) == TREE.to_dict()
+
+
+def test_binary_access_refuses_position_lists_with_a_clear_message():
+    binary = lists("[0, 1, 1]", "['a', 'b', 'c']", "['all', [], ['all']]")
+    wf = parse_workflow(binary, 2, positional_access=False)
+    assert [s.access for s in wf.steps] == [(), (), (0, 1)]
+    for access, entry in (
+        ("[[], [], [0]]", "access_list[2]"),
+        ("[[], [0], 'all']", "access_list[1]"),
+    ):
+        with pytest.raises(WorkflowParseError) as err:
+            parse_workflow(
+                lists("[0, 1, 1]", "['a', 'b', 'c']", access), 2, positional_access=False
+            )
+        message = str(err.value)
+        assert (
+            entry in message and "positional_access: false" in message and "'all' or []" in message
+        )
+    with pytest.raises(WorkflowParseError, match="positional_access"):
+        workflow_from_lists([0, 1], ["a", "b"], [[], [0]], 2, positional_access=False)
+    # position lists stay valid where they are switched on (the default)
+    assert parse_workflow(lists("[0, 1]", "['a', 'b']", "[[], [0]]"), 2).steps[1].access == (0,)
+
+
+def test_all_access_is_remembered_even_on_the_first_step():
+    """'all' on step 0 sees nothing in its own round but everything of the previous round in
+    a recursion round, so the parser keeps that it was written and render writes it back."""
+    wf = parse_workflow(lists("[0, 1, 1]", "['a', 'b', 'c']", "['all', [], [0, 1]]"), 2)
+    assert [s.all_access for s in wf.steps] == [True, False, False]
+    assert wf.steps[0].access == ()
+    text = render_workflow(wf)
+    assert 'access_list = ["all", [], "all"]' in text
+    assert parse_workflow(text, 2).steps[0].all_access
+    assert wf == Workflow([Step(0, "a"), Step(1, "b"), Step(1, "c", (0, 1))])
+    with pytest.raises(ValueError, match="all_access"):
+        Workflow([Step(0, "a"), Step(1, "b"), Step(1, "c", (1,), all_access=True)])

@@ -7,6 +7,7 @@ import pytest
 from conductor_pipeline.workflow import (
     DEFAULT_FEW_SHOT,
     FewShotExample,
+    PriorStep,
     PromptConfig,
     Step,
     Workflow,
@@ -178,3 +179,24 @@ def test_recursion_answer_is_cropped():
     )
     assert "y" * 100 + " [...]" in msgs[3]["content"]
     assert "y" * 101 not in msgs[3]["content"]
+
+
+def test_previous_round_is_shown_only_to_all_access_steps():
+    wf = Workflow([Step(0, "start over"), Step(1, "improve on everything", (0,), all_access=True)])
+    previous = [PriorStep(2, "first try", "41"), PriorStep(1, "check the try", None)]
+    plain = worker_messages(QUESTION, wf, 0, {}, previous_round=previous)[0]["content"]
+    assert "first try" not in plain and "41" not in plain
+    seen = worker_messages(QUESTION, wf, 1, {0: "42"}, previous_round=previous)[0]["content"]
+    assert seen.index("first try") < seen.index("41") < seen.index("start over")
+    assert "check the try" in seen and "(no response)" in seen and "42" in seen
+    # the recursion prompt tells the Conductor what "all" means there
+    follow_up = recursion_messages(QUESTION, DESCRIPTIONS, "model_id = [0]", "41")[-1]["content"]
+    assert '"all"' in follow_up
+
+
+def test_binary_prompt_refuses_few_shot_examples_with_position_lists():
+    partial = FewShotExample("q", Workflow([Step(0, "a"), Step(1, "b"), Step(1, "c", (1,))]))
+    with pytest.raises(ValueError, match="few-shot example 1: step 2"):
+        PromptConfig(few_shot=[partial], positional_access=False)
+    PromptConfig(few_shot=[partial])  # fine where position lists are offered
+    PromptConfig(positional_access=False)  # the default examples use "all" / [] only

@@ -52,10 +52,12 @@ from conductor_pipeline.workflow import (
     Budget,
     ExecutionResult,
     ParseLimits,
+    PriorStep,
     PromptConfig,
     WorkflowParseError,
     execute_workflow,
     parse_workflow,
+    prior_steps,
     recursion_messages,
     workflow_shape,
 )
@@ -181,6 +183,7 @@ async def _execute_with_retries(
     budget: Budget | None,
     worker_names: Sequence[str] | None,
     sample_index: int,
+    previous_round: Sequence[PriorStep] = (),
 ) -> tuple[ExecutionResult, str | None, int, int, int]:
     """Execute, retrying on infrastructure failure.
 
@@ -204,6 +207,7 @@ async def _execute_with_retries(
             budget=budget,
             worker_names=worker_names,
             sample_index=sample_index,
+            previous_round=previous_round,
         )
         failed_calls += result.infra_failures
         calls += result.calls
@@ -239,8 +243,13 @@ async def score_rollout(
     config = reward_config
     limits = limits or ParseLimits(max_steps=prompt_config.max_steps)
     try:
+        # the same access format as the prompt offers and serving accepts
         workflow = parse_workflow(
-            completion_text, n_workers, limits=limits, allow_empty=allow_empty
+            completion_text,
+            n_workers,
+            limits=limits,
+            allow_empty=allow_empty,
+            positional_access=prompt_config.positional_access,
         )
     except WorkflowParseError as err:
         return RolloutScore(
@@ -336,7 +345,13 @@ async def score_recursion_round(
     config = reward_config
     limits = ParseLimits(max_steps=prompt_config.max_steps)
     try:
-        revised = parse_workflow(round1_text, n_workers, limits=limits, allow_empty=True)
+        revised = parse_workflow(
+            round1_text,
+            n_workers,
+            limits=limits,
+            allow_empty=True,
+            positional_access=prompt_config.positional_access,
+        )
     except WorkflowParseError:
         revised = None
     if revised is None or revised.is_empty:
@@ -344,6 +359,7 @@ async def score_recursion_round(
         r1 = round0.correctness
     else:
         round0.recursion_kept = False
+        # as in serving (orchestrate): round-1 "all" steps also see round 0's steps
         result, reason, attempts, failed, calls = await _execute_with_retries(
             revised,
             task.question,
@@ -353,6 +369,7 @@ async def score_recursion_round(
             budget=budget,
             worker_names=worker_names,
             sample_index=sample_index,
+            previous_round=prior_steps(round0.execution) if round0.execution else (),
         )
         round0.attempts += attempts
         round0.infra_failures += failed

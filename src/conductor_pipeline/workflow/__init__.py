@@ -10,6 +10,7 @@ from conductor_pipeline.workflow.executor import (
     ExecutionResult,
     StepRecord,
     execute_workflow,
+    prior_steps,
 )
 from conductor_pipeline.workflow.orchestrator import (
     ConductorCall,
@@ -28,6 +29,7 @@ from conductor_pipeline.workflow.policy import (
 from conductor_pipeline.workflow.prompts import (
     DEFAULT_FEW_SHOT,
     FewShotExample,
+    PriorStep,
     PromptConfig,
     conductor_messages,
     recursion_messages,
@@ -52,6 +54,7 @@ __all__ = [
     "ExecutionResult",
     "FewShotExample",
     "ParseLimits",
+    "PriorStep",
     "PromptConfig",
     "SHAPES",
     "Step",
@@ -62,6 +65,7 @@ __all__ = [
     "conductor_messages",
     "execute_workflow",
     "parse_workflow",
+    "prior_steps",
     "recursion_messages",
     "shown_worker_descriptions",
     "render_workflow",

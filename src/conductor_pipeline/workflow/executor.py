@@ -13,6 +13,9 @@ step that depends on a skipped step.
 Worker failures (``reply.failure`` set, or an exception from the caller, recorded as
 ``provider_error``) are infrastructure failures, not wrong answers: they are recorded, and
 dependants still run, seeing "(no response)" for the failed step.
+
+In a recursion round, ``previous_round`` (see :func:`prior_steps`) is what steps written with
+"all" access are shown of the round before, besides this round's earlier steps.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conductor_pipeline.workers.types import FailureKind, WorkerCaller, WorkerReply
-from conductor_pipeline.workflow.prompts import PromptConfig, worker_messages
+from conductor_pipeline.workflow.prompts import PriorStep, PromptConfig, worker_messages
 from conductor_pipeline.workflow.types import Workflow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Budget", "ExecutionResult", "StepRecord", "execute_workflow"]
+__all__ = ["Budget", "ExecutionResult", "StepRecord", "execute_workflow", "prior_steps"]
 
 BUDGET_NAMES = ("max_steps", "max_tokens", "max_cost_usd")
 
@@ -161,6 +164,7 @@ class _Run:
         "cost_spent",
         "stopped_by",
         "on_event",
+        "previous_round",
     )
 
     def __init__(
@@ -173,8 +177,10 @@ class _Run:
         names: Sequence[str] | None,
         sample_index: int,
         on_event: EventCallback | None = None,
+        previous_round: Sequence[PriorStep] = (),
     ) -> None:
         self.on_event = on_event
+        self.previous_round = tuple(previous_round)
         self.workflow = workflow
         self.question = question
         self.call_worker = call_worker
@@ -226,7 +232,9 @@ class _Run:
                 self.emit("step_skipped", record)
                 return
         self.calls_started += 1
-        messages = worker_messages(self.question, self.workflow, i, self.responses, self.config)
+        messages = worker_messages(
+            self.question, self.workflow, i, self.responses, self.config, self.previous_round
+        )
         start = time.perf_counter()
         record.started_at = start - self.t0
         self.emit("step_started", record)
@@ -282,8 +290,12 @@ async def execute_workflow(
     worker_names: Sequence[str] | None = None,
     sample_index: int = 0,
     on_event: EventCallback | None = None,
+    previous_round: Sequence[PriorStep] = (),
 ) -> ExecutionResult:
     """Execute ``workflow`` for ``question`` and collect per-step records and totals.
+
+    ``previous_round``: in a recursion round, the steps of the round before
+    (:func:`prior_steps` of its result); a step written with "all" access is shown them.
 
     ``on_event(kind, record)``, when given, is called synchronously with ``"step_started"``,
     ``"step_finished"`` or ``"step_skipped"`` and the step's record (progress output, streaming).
@@ -301,6 +313,7 @@ async def execute_workflow(
         worker_names,
         sample_index,
         on_event,
+        previous_round,
     )
     steps = workflow.steps
     run.records = [
@@ -326,6 +339,17 @@ async def execute_workflow(
                 t.cancel()
     wall = time.perf_counter() - run.t0
     return _result(run, wall)
+
+
+def prior_steps(result: ExecutionResult) -> list[PriorStep]:
+    """The steps of a finished round as the next round's "all" steps are shown them.
+
+    Steps a budget skipped never ran, so they are left out; a failed step is kept with
+    no response, so the next round can see that it was tried.
+    """
+    return [
+        PriorStep(r.worker, r.subtask, r.response) for r in result.steps if r.skipped_reason is None
+    ]
 
 
 def _result(run: _Run, wall: float) -> ExecutionResult:

@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conductor_pipeline.workers.types import WorkerCaller
-from conductor_pipeline.workflow.executor import Budget, ExecutionResult, execute_workflow
+from conductor_pipeline.workflow.executor import (
+    Budget,
+    ExecutionResult,
+    execute_workflow,
+    prior_steps,
+)
 from conductor_pipeline.workflow.parser import parse_workflow, render_workflow
 from conductor_pipeline.workflow.policy import ConductorPolicy
 from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages, recursion_messages
@@ -171,8 +176,13 @@ async def _sample_workflow(
         )
         calls.append(call)
         try:
+            # the parser enforces the access format the prompt offered (binary or positional)
             workflow = parse_workflow(
-                text, n_workers, limits=config.limits, allow_empty=round_index > 0
+                text,
+                n_workers,
+                limits=config.limits,
+                allow_empty=round_index > 0,
+                positional_access=config.prompt.positional_access,
             )
         except WorkflowParseError as err:
             call.parse_error = str(err)
@@ -272,6 +282,8 @@ async def orchestrate(
             )
             break
         budget = _remaining(config.budget, [r.execution for r in rounds if r.execution])
+        # "all" steps of this round also see the round before (the paper's recursion)
+        before = next(r.execution for r in reversed(rounds) if r.execution is not None)
         execution = await execute_workflow(
             revised,
             question,
@@ -280,6 +292,7 @@ async def orchestrate(
             budget=budget,
             worker_names=worker_names,
             on_event=emit,
+            previous_round=prior_steps(before),
         )
         rounds.append(RoundRecord(round_index, revised, execution))
         if execution.answer:

@@ -266,23 +266,36 @@ def _is_all(x: Any) -> bool:
     return isinstance(x, str) and x.strip().lower() == "all"
 
 
-def _resolve_access(entry: Any, i: int) -> tuple[int, ...]:
+_EXPECTED_POSITIONAL = "expected 'all', [] or a list of earlier step positions"
+_EXPECTED_BINARY = (
+    "expected 'all' or []: positional access lists are switched off for this Conductor "
+    "(conductor.prompt.positional_access: false, the paper's binary access)"
+)
+
+
+def _resolve_access(entry: Any, i: int, positional: bool = True) -> tuple[tuple[int, ...], bool]:
+    """The resolved positions of ``access_list[i]`` and whether it was written as "all".
+
+    With ``positional`` off only "all"/["all"] and [] are valid; a position list is refused
+    rather than read, because a Conductor trained and prompted for binary access that emits
+    one is malformed output, and accepting it silently would reward (or serve) a format the
+    prompt never offered.
+    """
     where = f"access_list[{i}]"
+    expected = _EXPECTED_POSITIONAL if positional else _EXPECTED_BINARY
     if isinstance(entry, str):
         if _is_all(entry):
-            return tuple(range(i))
-        raise WorkflowParseError(
-            f"{where} is {_short(entry)}; expected 'all', [] or a list of earlier step positions"
-        )
+            return tuple(range(i)), True
+        raise WorkflowParseError(f"{where} is {_short(entry)}; {expected}")
     if not isinstance(entry, (list, tuple)):
-        raise WorkflowParseError(
-            f"{where} is {_short(entry)}; expected 'all', [] or a list of earlier step positions"
-        )
+        raise WorkflowParseError(f"{where} is {_short(entry)}; {expected}")
     if not entry:
-        return ()
+        return (), False
     alls = [_is_all(x) for x in entry]
     if all(alls):
-        return tuple(range(i))
+        return tuple(range(i)), True
+    if not positional:
+        raise WorkflowParseError(f"{where} is {_short(entry)}; {expected}")
     if any(alls):
         raise WorkflowParseError(f"{where} mixes 'all' with step positions: {_short(entry)}")
     for x in entry:
@@ -298,7 +311,7 @@ def _resolve_access(entry: Any, i: int) -> tuple[int, ...]:
             raise WorkflowParseError(
                 f"{where} refers to step {x}, which is not earlier than step {i}"
             )
-    return tuple(sorted(set(entry)))
+    return tuple(sorted(set(entry))), False
 
 
 def workflow_from_lists(
@@ -309,9 +322,11 @@ def workflow_from_lists(
     *,
     limits: ParseLimits | None = None,
     allow_empty: bool = False,
+    positional_access: bool = True,
 ) -> Workflow:
     """Validate the three decoded lists and build a :class:`Workflow`.
 
+    ``positional_access=False`` accepts only binary access entries ("all" or []).
     Raises :class:`WorkflowParseError` naming the first problem found.
     """
     limits = limits or _DEFAULT_LIMITS
@@ -357,7 +372,8 @@ def workflow_from_lists(
                 f"subtasks[{i}] has {len(sub)} characters; at most "
                 f"{limits.max_subtask_chars} are allowed"
             )
-        steps.append(Step(w, sub, _resolve_access(access_list[i], i)))
+        access, all_access = _resolve_access(access_list[i], i, positional_access)
+        steps.append(Step(w, sub, access, all_access))
     return Workflow(steps)
 
 
@@ -372,6 +388,7 @@ def parse_workflow(
     *,
     limits: ParseLimits | None = None,
     allow_empty: bool = False,
+    positional_access: bool = True,
 ) -> Workflow:
     """Parse a Conductor completion into a :class:`Workflow`.
 
@@ -387,14 +404,17 @@ def parse_workflow(
     ``<think>...</think>`` blocks are removed first; an unclosed ``<think>`` means the
     completion has no answer. If the lists appear several times, the last complete set
     wins. Access entries: ``"all"``/``["all"]`` = every earlier step (none for step 0),
-    ``[]`` = none, a list of ints = those earlier steps (sorted, de-duplicated).
+    ``[]`` = none, a list of ints = those earlier steps (sorted, de-duplicated). With
+    ``positional_access=False`` (the paper's binary access, ``conductor.prompt.
+    positional_access``) a list of ints is an error naming the entry. A step written as
+    "all" gets ``Step.all_access`` (it also sees the previous round in a recursion round).
 
     Three empty lists are accepted only with ``allow_empty=True`` (a recursion round's
     "keep the previous answer"). Every problem raises :class:`WorkflowParseError`;
     no other exception escapes.
     """
     try:
-        return _parse(text, n_workers, limits or _DEFAULT_LIMITS, allow_empty)
+        return _parse(text, n_workers, limits or _DEFAULT_LIMITS, allow_empty, positional_access)
     except WorkflowParseError:
         raise
     except Exception as exc:  # defensive: the contract is "only WorkflowParseError"
@@ -403,7 +423,9 @@ def parse_workflow(
         ) from exc
 
 
-def _parse(text: str, n_workers: int, limits: ParseLimits, allow_empty: bool) -> Workflow:
+def _parse(
+    text: str, n_workers: int, limits: ParseLimits, allow_empty: bool, positional_access: bool
+) -> Workflow:
     if not isinstance(text, str):
         raise WorkflowParseError(f"expected the completion as a str, got {type(text).__name__}")
     if len(text) > limits.max_text_chars:
@@ -418,6 +440,7 @@ def _parse(text: str, n_workers: int, limits: ParseLimits, allow_empty: bool) ->
         n_workers,
         limits=limits,
         allow_empty=allow_empty,
+        positional_access=positional_access,
     )
 
 
@@ -430,7 +453,9 @@ def _render_str(s: str) -> str:
     return literal
 
 
-def _render_access(access: Sequence[int], i: int) -> str:
+def _render_access(access: Sequence[int], i: int, all_access: bool = False) -> str:
+    if all_access:
+        return '"all"'
     if not access:
         return "[]"
     if len(access) == i and tuple(access) == tuple(range(i)):
@@ -443,10 +468,15 @@ def render_workflow(workflow: Workflow) -> str:
 
     ``parse_workflow(render_workflow(wf), n)`` returns ``wf`` again (with
     ``allow_empty=True`` for the empty workflow). Access is written as ``"all"`` when a step
-    sees every earlier step, ``[]`` when it sees none, else as a position list.
+    sees every earlier step or is marked ``all_access`` (so a step 0 written as "all" keeps
+    that meaning), ``[]`` when it sees none, else as a position list.
     """
     steps = workflow.steps
     model_id = "[" + ", ".join(str(s.worker) for s in steps) + "]"
     subtasks = "[" + ", ".join(_render_str(s.subtask) for s in steps) + "]"
-    access = "[" + ", ".join(_render_access(s.access, i) for i, s in enumerate(steps)) + "]"
+    access = (
+        "["
+        + ", ".join(_render_access(s.access, i, s.all_access) for i, s in enumerate(steps))
+        + "]"
+    )
     return f"model_id = {model_id}\nsubtasks = {subtasks}\naccess_list = {access}"

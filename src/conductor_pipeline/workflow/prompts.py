@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from conductor_pipeline.workflow.parser import parse_workflow, render_workflow
 from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow
@@ -27,6 +27,7 @@ from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow
 __all__ = [
     "DEFAULT_FEW_SHOT",
     "FewShotExample",
+    "PriorStep",
     "PromptConfig",
     "conductor_messages",
     "recursion_messages",
@@ -38,6 +39,17 @@ __all__ = [
 WORKER_INFO = ("ordinal", "description")
 
 NO_RESPONSE = "(no response)"
+
+
+class PriorStep(NamedTuple):
+    """A step of the previous round, as a recursion-round worker with "all" access sees it.
+
+    ``response`` is ``None`` when that step failed (shown as "(no response)").
+    """
+
+    worker: int
+    subtask: str
+    response: str | None
 
 
 @dataclass(frozen=True)
@@ -160,8 +172,21 @@ class PromptConfig:
         if self.worker_info not in WORKER_INFO:
             raise ValueError(f"worker_info must be one of {WORKER_INFO}, got {self.worker_info!r}")
         # Fail early on an unparsable example text rather than at the first prompt.
-        for ex in self.few_shot:
-            ex.resolved(self.max_steps)
+        for k, ex in enumerate(self.few_shot, start=1):
+            wf = ex.resolved(self.max_steps)
+            if not self.positional_access:
+                # the example would be rendered with a position list that the parser then
+                # refuses: the prompt would teach a format the Conductor may not use
+                partial = next(
+                    (i for i, s in enumerate(wf.steps) if s.access and s.access != tuple(range(i))),
+                    None,
+                )
+                if partial is not None:
+                    raise ValueError(
+                        f"few-shot example {k}: step {partial} sees only steps "
+                        f"{list(wf.steps[partial].access)}, a positional access list, but "
+                        "positional_access is false (each step must see all earlier steps or none)"
+                    )
 
 
 _SYSTEM = (
@@ -210,7 +235,9 @@ def _workers_block(descriptions: Sequence[str], config: PromptConfig) -> str:
 def _example_block(k: int, ex: FewShotExample, n_workers: int, max_steps: int) -> str:
     wf = ex.resolved(max_steps)
     if any(s.worker >= n_workers for s in wf.steps):
-        wf = Workflow([Step(s.worker % n_workers, s.subtask, s.access) for s in wf.steps])
+        wf = Workflow(
+            [Step(s.worker % n_workers, s.subtask, s.access, s.all_access) for s in wf.steps]
+        )
     reasoning = ex.reasoning.strip()
     body = f"{reasoning}\n{render_workflow(wf)}" if reasoning else render_workflow(wf)
     return f"Example {k}\nQuestion: {ex.question.strip()}\nReply:\n{body}"
@@ -267,18 +294,23 @@ def worker_messages(
     step_index: int,
     responses: Mapping[int, str | None],
     config: PromptConfig | None = None,
+    previous_round: Sequence[PriorStep] = (),
 ) -> list[dict[str, str]]:
     """The single user message sent to the worker of step ``step_index``.
 
     Layout: a framing line; the question in ``<question>`` tags only when
-    ``config.question_to_workers``; for each step in the access list a
+    ``config.question_to_workers``; in a recursion round, when the step was written with
+    "all" access (``Step.all_access``), every step of ``previous_round`` in
+    ``<previous_subtask>``/``<previous_response>`` blocks (the paper's recursion: "all" also
+    shows the earlier round); for each step in the access list a
     ``<subtask step="j" worker="w">`` block and a ``<response step="j" worker="w">`` block
     (a missing or failed response shows as "(no response)"); then "Your subtask:" and the
     subtask. Steps outside the access list are never shown.
     """
     config = config or PromptConfig()
     step = workflow.steps[step_index]
-    if step.access:
+    earlier = list(previous_round) if step.all_access else []
+    if step.access or earlier:
         framing = (
             "You are one worker in a team solving a larger task. Work shared by other "
             "workers is shown below: use it to check or build on, then do your own subtask."
@@ -288,18 +320,32 @@ def worker_messages(
     parts = [framing]
     if config.question_to_workers:
         parts.append(f"<question>\n{question.strip()}\n</question>")
+    if earlier:
+        parts.append("An earlier attempt at this task, by another round of workers:")
+        for j, prior in enumerate(earlier):
+            parts.append(
+                f'<previous_subtask step="{j}" worker="{prior.worker}">\n{prior.subtask.strip()}\n'
+                f"</previous_subtask>\n"
+                f'<previous_response step="{j}" worker="{prior.worker}">\n'
+                f"{_shown(prior.response)}\n</previous_response>"
+            )
+        if step.access:
+            parts.append("This round's work so far:")
     steps = workflow.steps
     for j in step.access:
         w = steps[j].worker
-        response = responses.get(j)
-        if response is None or not response.strip():
-            response = NO_RESPONSE
         parts.append(
             f'<subtask step="{j}" worker="{w}">\n{steps[j].subtask}\n</subtask>\n'
-            f'<response step="{j}" worker="{w}">\n{response.strip()}\n</response>'
+            f'<response step="{j}" worker="{w}">\n{_shown(responses.get(j))}\n</response>'
         )
     parts.append(f"Your subtask:\n{step.subtask}")
     return [{"role": "user", "content": "\n\n".join(parts)}]
+
+
+def _shown(response: str | None) -> str:
+    if response is None or not response.strip():
+        return NO_RESPONSE
+    return response.strip()
 
 
 def _crop(text: str, limit: int) -> str:
@@ -327,7 +373,8 @@ def recursion_messages(
     follow_up = (
         "Your workflow was run. Its final answer was:\n"
         f"<answer>\n{answer}\n</answer>\n\n"
-        "If the answer looks wrong or incomplete, write a new workflow in the same format. "
+        "If the answer looks wrong or incomplete, write a new workflow in the same format; "
+        'a step with "all" access then also sees every step of the workflow that was run. '
         "If it should stand, reply with three empty lists:\n"
         "model_id = []\nsubtasks = []\naccess_list = []"
     )

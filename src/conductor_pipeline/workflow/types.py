@@ -39,11 +39,18 @@ class Step:
     ``worker`` is the worker's position in the pool; ``subtask`` is stripped of surrounding
     whitespace and never empty; ``access`` is a sorted tuple of distinct earlier step
     positions (a list is accepted and converted).
+
+    ``all_access`` records that the Conductor wrote ``"all"`` for this step (``access`` is
+    then every earlier position, none for step 0). Within one round that is the same as
+    listing those positions, but in a recursion round ``"all"`` also shows the previous
+    round's steps (the paper's behaviour), so the parser keeps the distinction here. It is
+    left out of equality, so a workflow compares equal to its rendered-and-parsed copy.
     """
 
     worker: int
     subtask: str
     access: tuple[int, ...] = ()
+    all_access: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.worker, bool) or not isinstance(self.worker, int) or self.worker < 0:
@@ -64,6 +71,8 @@ class Step:
         if any(a >= b for a, b in zip(access, access[1:], strict=False)):
             access = tuple(sorted(set(access)))
         object.__setattr__(self, "access", access)
+        if not isinstance(self.all_access, bool):
+            raise ValueError(f"Step.all_access must be a bool, got {self.all_access!r}")
 
 
 @dataclass
@@ -85,6 +94,11 @@ class Workflow:
             if step.access and step.access[-1] >= i:
                 raise ValueError(
                     f"step {i} may only see earlier steps, but its access is {list(step.access)}"
+                )
+            if step.all_access and step.access != tuple(range(i)):
+                raise ValueError(
+                    f"step {i} is marked all_access, so its access must be every earlier "
+                    f"step {list(range(i))}, not {list(step.access)}"
                 )
         self.steps = steps
 
