@@ -47,3 +47,31 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+
+# The short GPU check (README "GPU check"): one script, under 8 minutes, writes
+# data/08_reporting/gpu_check.json; exit 0 ok, 1 a section failed, 2 no CUDA, 3 over budget.
+# It needs no .venv: with none, python3 runs it with PYTHONPATH=src and only PyTorch,
+# Transformers and PEFT (TRL, vLLM, the SmolLM2 weights are used when present). Wheels in
+# $(GPU_WHEELS) (see gpu-wheels) go into a private folder first, never into the environment.
+.PHONY: gpu-check gpu-wheels
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_WHEELS ?= data/gpu_wheels
+GPU_WHEELS_PYTHON_VERSION ?= 3.12
+
+gpu-check:
+	mkdir -p data/08_reporting
+	site=; \
+	if ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1; then \
+	  site=$$(mktemp -d) && \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --target "$$site" $(GPU_WHEELS)/*.whl \
+	  || { echo "gpu-check: the wheels in $(GPU_WHEELS) do not install on $(GPU_PYTHON)" >&2; exit 1; }; \
+	fi; \
+	PYTHONPATH=src$${site:+:$$site}$${PYTHONPATH:+:$$PYTHONPATH} \
+	  timeout -k 10 480 $(GPU_PYTHON) -m conductor_pipeline.gpu_check $(ARGS)
+
+# TRL and the packages it needs beyond a PyTorch image (datasets, dill, multiprocess), as
+# wheels for the GPU machine's Python, so that gpu-check runs TRL's GRPOTrainer there.
+gpu-wheels:
+	python3 -m pip download --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PYTHON_VERSION) \
+	  --implementation cp --platform manylinux2014_x86_64 --platform any -d $(GPU_WHEELS) \
+	  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
