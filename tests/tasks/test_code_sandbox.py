@@ -7,6 +7,7 @@ this test process is fine afterwards. Limits are kept small so the whole file st
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
@@ -21,6 +22,8 @@ import pytest
 from conductor_pipeline.tasks.code_sandbox import (
     SandboxLimits,
     compare_stdout,
+    parse_call_arguments,
+    run_call_tests,
     run_function_tests,
     run_python,
     run_stdio_tests,
@@ -419,3 +422,145 @@ def test_stdio_tests_report_crashes() -> None:
 )
 def test_compare_stdout(actual: str, expected: str, same: bool) -> None:
     assert compare_stdout(actual, expected) is same
+
+
+# --------------------------------------------------------------------------------------
+# LeetCode-style ("functional") calls
+# --------------------------------------------------------------------------------------
+
+TWO_SUM = (
+    "class Solution:\n"
+    "    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
+    "        seen = {}\n"
+    "        for i, n in enumerate(nums):\n"
+    "            if target - n in seen:\n"
+    "                return (seen[target - n], i)  # a tuple counts as a list\n"
+    "            seen[n] = i\n"
+)
+TWO_SUM_CASES = [
+    {"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]"},
+    {"input": "[3, 2, 4]\n6\n", "output": "[1, 2]"},
+    {"input": "[3, 3]\n6", "output": "[0, 2]"},  # wrong on purpose: the answer is [0, 1]
+]
+
+
+def test_call_tests_call_the_solution_method_with_json_arguments() -> None:
+    # List is used without an import, as LeetCode starter code does.
+    report = run_call_tests(TWO_SUM, TWO_SUM_CASES, "twoSum", limits=SandboxLimits(**FAST))
+    assert (report.passed, report.total) == (2, 3), report
+    assert report.first_failure == "case 2: wrong answer: expected '[0, 2]', got '[0, 1]'"
+    # a plain function works too when there is no Solution class
+    plain = "def double(x):\n    return {'v': x * 2}\n"
+    report = run_call_tests(plain, [{"input": "21", "output": '{"v": 42}'}], "double")
+    assert report.all_passed, report
+
+
+def test_call_tests_compare_json_values_outside_the_child() -> None:
+    # An object that claims to equal anything is not a JSON value, so it cannot pass.
+    cheat = (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n"
+        "class Solution:\n    def f(self, x):\n        return Anything()\n"
+    )
+    report = run_call_tests(cheat, [{"input": "1", "output": "1"}], "f")
+    assert report.passed == 0
+    assert "not a JSON value" in (report.first_failure or "")
+    # the child never sees the expected output: nothing it can read in its folder holds it
+    peek = (
+        "import os\nclass Solution:\n    def f(self, x):\n"
+        "        return ''.join(open(n, errors='replace').read() for n in sorted(os.listdir('.')))\n"
+    )
+    report = run_call_tests(peek, [{"input": "1", "output": '"SENTINEL-expected"'}], "f")
+    assert report.passed == 0
+    got = (report.first_failure or "").split(", got ", 1)[1]
+    assert "call_args" not in got  # (the preview is cut short; the check below is the point)
+    assert "SENTINEL" not in got
+
+
+def test_call_tests_report_missing_methods_crashes_and_bad_data() -> None:
+    report = run_call_tests("class Solution:\n    pass\n", [{"input": "1", "output": "1"}], "f")
+    assert report.passed == 0 and "Solution.f" in (report.first_failure or "")
+    crash = "class Solution:\n    def f(self, x):\n        raise SystemExit(0)\n"
+    report = run_call_tests(crash, [{"input": "1", "output": "1"}], "f")
+    assert report.passed == 0 and "SystemExit" in (report.first_failure or "")
+    report = run_call_tests(crash, [{"input": "not json", "output": "1"}], "f")
+    assert report.passed == 0 and "bad test data" in (report.first_failure or "")
+    assert parse_call_arguments('[1, 2]\n"a"\n\n') == [[1, 2], "a"]
+    with pytest.raises(ValueError, match="line 2"):
+        parse_call_arguments("1\n{")
+
+
+def test_call_tests_still_enforce_the_time_limit() -> None:
+    loop = "class Solution:\n    def f(self, x):\n        while True:\n            pass\n"
+    report = run_call_tests(
+        loop, [{"input": "1", "output": "1"}], "f", limits=SandboxLimits(**FAST)
+    )
+    assert report.passed == 0
+    assert "timed out" in (report.first_failure or "") or "CPU" in (report.first_failure or "")
+
+
+# --------------------------------------------------------------------------------------
+# Site-packages (BigCodeBench)
+# --------------------------------------------------------------------------------------
+
+
+def test_site_packages_runs_keep_the_other_limits(isolation: tuple[str, ...]) -> None:
+    numpy = pytest.importorskip("numpy")
+    assert numpy is not None
+    result = run_python("import numpy\nprint(numpy.arange(4).sum())", site_packages=True, **FAST)
+    assert result.ok and result.stdout.strip() == "6", result
+    blocked = run_python(
+        "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)",
+        site_packages=True,
+        **FAST,
+    )
+    assert not blocked.ok and "network access is disabled" in (blocked.reason or "")
+    if "mountns" in isolation:
+        code = (
+            "import os\n"
+            f"try:\n    print(os.listdir({str(PROJECT_ROOT)!r}))\n"
+            "except (FileNotFoundError, PermissionError):\n    print('absent')\n"
+        )
+        hidden = run_python(code, site_packages=True, **FAST)
+        assert hidden.ok, hidden
+        # the virtual environment may be re-exposed inside, but nothing else of the project
+        assert hidden.stdout.strip() in ("[]", "['.venv']", "absent"), hidden.stdout
+
+
+def test_site_packages_from_a_virtualenv_under_tmp(
+    tmp_path: Path, isolation: tuple[str, ...]
+) -> None:
+    """The interpreter of a venv under /tmp (a CI clean clone) must survive the private /tmp."""
+    if "mountns" not in isolation:
+        pytest.skip("only a private mount namespace covers /tmp (root)")
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    (site / "sandbox_probe.py").write_text("VALUE = 'from the venv'\n")
+    sandbox_file = PROJECT_ROOT / "src/conductor_pipeline/tasks/code_sandbox.py"
+    driver = (
+        # the module alone, by path: this bare venv has none of the project's dependencies
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('code_sandbox', {str(sandbox_file)!r})\n"
+        "module = sys.modules['code_sandbox'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "r = module.run_python('import sandbox_probe\\nprint(sandbox_probe.VALUE)',"
+        " site_packages=True, wall_timeout_s=10)\n"
+        "print(json.dumps({'ok': r.ok, 'reason': r.reason, 'stdout': r.stdout}))\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", driver], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["ok"], outcome  # was: FileNotFoundError on .../venv/bin/python
+    assert outcome["stdout"].strip() == "from the venv"

@@ -28,10 +28,10 @@ EXPECTED = {
     "math500": ("math", {"math"}, {"math"}, 5),
     "mmlu": ("knowledge", {"multiple_choice"}, {"letter"}, 4),
     "gpqa_diamond": ("science", {"multiple_choice"}, {"letter"}, 3),
-    "livecodebench": ("code", {"code"}, {"code"}, 3),  # the LeetCode row is skipped by default
+    "livecodebench": ("code", {"code"}, {"code"}, 4),
     "aime25": ("math", {"math"}, {"number"}, 3),
     "rlpr": ("reasoning", {"math", "exact"}, {"number", "math", "text"}, 4),
-    "bigcodebench": ("code", {"code"}, {"code"}, 3),
+    "bigcodebench": ("code", {"code"}, {"code"}, 4),
 }
 
 
@@ -148,9 +148,14 @@ def test_gpqa_difficulty_comes_from_the_writers_estimate():
     assert tasks[0].metadata["subdomain"] == "Quantum Mechanics"
 
 
-def test_livecodebench_uses_json_tests_only_and_skips_functional_by_default():
+def test_livecodebench_decodes_compressed_private_tests():
     tasks = {task.id: task for task in load_livecodebench(data_files=fixture("livecodebench"))}
-    assert set(tasks) == {"livecodebench/abc999_a", "livecodebench/1999B", "livecodebench/arc999_c"}
+    assert set(tasks) == {
+        "livecodebench/abc999_a",
+        "livecodebench/1999B",
+        "livecodebench/3421",
+        "livecodebench/arc999_c",
+    }
     first = tasks["livecodebench/abc999_a"]
     # two public tests plus the private one stored as plain JSON
     assert first.metadata["tests"] == [
@@ -162,26 +167,111 @@ def test_livecodebench_uses_json_tests_only_and_skips_functional_by_default():
     assert first.metadata["test_style"] == "stdin"
     assert first.answer == ""
     assert "standard input" in first.question and "Sum of Two" in first.question
-    # the compressed private blob is ignored, never decoded
+    # the private tests stored as base64(zlib(pickle(JSON text))) are decoded and used
     assert tasks["livecodebench/1999B"].metadata["tests"] == [
-        {"input": "5\naabbb\n", "output": "3\n"}
+        {"input": "5\naabbb\n", "output": "3\n"},
+        {"input": "1\na\n", "output": "1\n"},
+        {"input": "6\nabbbba\n", "output": "4\n"},
     ]
-    assert [task.difficulty for task in tasks.values()] == ["easy", "medium", "hard"]
+    assert tasks["livecodebench/1999B"].metadata["n_public_tests"] == 1
+    assert [task.difficulty for task in tasks.values()] == ["easy", "medium", "easy", "hard"]
+    public_only = load_livecodebench(data_files=fixture("livecodebench"), private_tests=False)
+    assert [len(t.metadata["tests"]) for t in public_only] == [2, 1, 1, 2]
 
 
-def test_livecodebench_functional_problems_on_request_and_date_window():
-    tasks = load_livecodebench(data_files=fixture("livecodebench"), include_functional=True)
+def _lcb_row(private: str, **extra: str) -> dict[str, str]:
+    row = {
+        "question_title": "T",
+        "question_content": "Echo the input.",
+        "platform": "atcoder",
+        "question_id": "abc000_x",
+        "contest_date": "2024-01-01T00:00:00",
+        "starter_code": "",
+        "difficulty": "easy",
+        "public_test_cases": json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"}]),
+        "private_test_cases": private,
+        "metadata": "{}",
+    }
+    return row | extra
+
+
+def _compress(payload: bytes) -> str:
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(payload)).decode()
+
+
+class _Exploit:
+    """Pickles as a call to os.system: what a poisoned dataset would ship."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_livecodebench_refuses_a_pickle_that_would_run_code(tmp_path):
+    import pickle
+
+    from conductor_pipeline.tasks.sources.benchmarks import UnsafeTestData, livecodebench_task
+
+    marker = tmp_path / "exploited"
+    row = _lcb_row(_compress(pickle.dumps(_Exploit(marker))))
+    with pytest.raises(UnsafeTestData, match=r"abc000_x.*private.*system.*refused"):
+        livecodebench_task(row, index=0)
+    assert not marker.exists()
+    # the same through the loader, as a file
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(UnsafeTestData):
+        load_livecodebench(data_files=path)
+    assert not marker.exists()
+    # a payload that builds an object from a class is refused too, not only calls
+    with pytest.raises(UnsafeTestData, match="collections.OrderedDict"):
+        import collections
+
+        livecodebench_task(_lcb_row(_compress(pickle.dumps(collections.OrderedDict()))), index=0)
+
+
+def test_livecodebench_plain_data_pickles_decode_and_garbage_is_an_error():
+    import pickle
+
+    from conductor_pipeline.tasks.sources.benchmarks import decode_livecodebench_tests
+
+    cases = [{"input": "2\n", "output": "2\n", "testtype": "stdin"}]
+    # LiveCodeBench pickles the JSON text; bytes or the list itself are plain data as well,
+    # in any protocol that needs no global for them (protocol 2 bytes need _codecs: refused).
+    for payload, protocol in ((json.dumps(cases), 2), (json.dumps(cases).encode(), 4), (cases, 5)):
+        decoded = decode_livecodebench_tests(_compress(pickle.dumps(payload, protocol=protocol)))
+        assert decoded == cases
+    assert decode_livecodebench_tests("") == decode_livecodebench_tests(None) == []
+    with pytest.raises(ValueError, match="neither JSON nor"):
+        decode_livecodebench_tests("not base64 at all!", where="problem 7")
+    with pytest.raises(ValueError, match="not a readable pickle"):
+        decode_livecodebench_tests(_compress(b"\x80\x04garbage"))
+
+
+def test_livecodebench_functional_problems_are_kept_and_date_window():
+    tasks = load_livecodebench(data_files=fixture("livecodebench"))
     leetcode = next(task for task in tasks if task.id == "livecodebench/3421")
     assert leetcode.metadata["test_style"] == "functional"
     assert leetcode.metadata["func_name"] == "maxPairSum"
     assert leetcode.metadata["tests"] == [
-        {"input": "[1, 5, 3]", "output": "8", "testtype": "functional"}
+        {"input": "[1, 5, 3]", "output": "8", "testtype": "functional"},
+        {"input": "[2, 2]", "output": "4", "testtype": "functional"},
+        {"input": "[-5, -1, -3]", "output": "-4", "testtype": "functional"},
     ]
     assert "class Solution" in leetcode.question
+    without = load_livecodebench(data_files=fixture("livecodebench"), include_functional=False)
+    assert "livecodebench/3421" not in {task.id for task in without}
     window = load_livecodebench(
         data_files=fixture("livecodebench"), start_date="2024-01-01", end_date="2024-12-31"
     )
-    assert [task.id for task in window] == ["livecodebench/1999B"]
+    assert [task.id for task in window] == ["livecodebench/1999B", "livecodebench/3421"]
     since = load_livecodebench(
         data_files=fixture("livecodebench"), start_date=datetime.date(2024, 8, 10)
     )
@@ -241,6 +331,9 @@ def test_bigcodebench_answer_is_prompt_plus_canonical_body():
         compile(task.answer + "\n" + task.metadata["test"], task.id, "exec")
     assert tasks[0].id == "bigcodebench/901"
     assert tasks[2].metadata["libs"] == ["json", "collections"]
+    # every task asks the sandbox for site-packages (numpy, pandas...) and roomier limits
+    assert all(task.metadata["site_packages"] is True for task in tasks)
+    assert tasks[3].metadata["libs"] == ["numpy"]
     instruct = BENCHMARK_LOADERS["bigcodebench"](
         data_files=fixture("bigcodebench"), variant="instruct"
     )
@@ -291,7 +384,7 @@ def test_livecodebench_hub_call_reads_the_version_files(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
     tasks = load_livecodebench(version="release_v2")
-    assert len(tasks) == 3
+    assert len(tasks) == 4
     assert seen["path"] == "json"
     assert seen["data_files"] == {
         "test": [

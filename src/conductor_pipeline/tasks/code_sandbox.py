@@ -11,7 +11,9 @@ layer that could be switched on is reported in ``SandboxResult.isolation``:
   connection can leave the child whatever Python trickery it uses.
 * ``mountns``   - (root) a private mount namespace: fresh size-capped tmpfs over /tmp,
   /var/tmp, /dev/shm and /run/lock, and the home and project directories hidden, so the
-  child can neither leave files behind nor read ``conf/local/credentials.yml``.
+  child can neither leave files behind nor read ``conf/local/credentials.yml``. Only the
+  interpreter's own directories (and, with site-packages, its virtual environment) are
+  re-exposed inside, read-only, even where they lie under /tmp (a CI clean clone).
 * ``pidns``     - (root) a PID namespace; when its init exits or is killed, the kernel kills
   every process left in it, so nothing the child forked can outlive the run.
 * ``uid``       - (root) the child runs under a fresh, unused uid. Linux does not enforce
@@ -35,7 +37,8 @@ thread pools and under asyncio), while the launcher is a fresh single-threaded p
 Interpreter flags for the candidate: ``-s -S -B``. ``-S`` (no ``site``) keeps third-party
 packages and their ``.pth`` start-up hooks out of the child and saves start-up time;
 HumanEval and LiveCodeBench need only the standard library. BigCodeBench needs numpy and
-friends, hence ``site_packages=True``. We do not use ``-I``/``-E``: they would make the
+friends, hence ``site_packages=True`` (its loader asks for it per task); every other layer
+applies unchanged. We do not use ``-I``/``-E``: they would make the
 child ignore ``PYTHONHASHSEED``, which we set so that set/dict-order-dependent output is
 reproducible; since the environment is built from scratch, ``-E`` would protect nothing.
 """
@@ -62,6 +65,8 @@ __all__ = [
     "SandboxResult",
     "TestReport",
     "compare_stdout",
+    "parse_call_arguments",
+    "run_call_tests",
     "run_function_tests",
     "run_python",
     "run_stdio_tests",
@@ -72,6 +77,7 @@ _NS_WORKDIR = "/tmp/sandbox"
 _SOLUTION_FILE = "solution.py"
 _TEST_FILE = "tests.py"
 _RUNNER_FILE = "_sandbox_runner.py"
+_ARGS_FILE = "call_args.json"
 # Fresh uids are drawn from here: far above any real account, well inside a full uid map.
 _UID_BASE = 1_000_000
 _UID_SPAN = 1_000_000_000
@@ -272,6 +278,90 @@ def run_stdio_tests(
             break
     if not cases:
         first_failure = "no test cases"
+    return TestReport(
+        passed=passed, total=len(cases), first_failure=first_failure, runs=tuple(runs)
+    )
+
+
+def parse_call_arguments(raw: str) -> list[Any]:
+    """The arguments of one LeetCode-style call: one JSON value per non-blank line.
+
+    Raises ``ValueError`` when a line is not JSON (a problem with the test data, not with
+    the candidate).
+    """
+    args = []
+    for number, line in enumerate(str(raw).split("\n"), start=1):
+        if line.strip():
+            try:
+                args.append(json.loads(line))
+            except ValueError as exc:
+                raise ValueError(f"argument line {number} is not JSON: {_preview(line)}") from exc
+    return args
+
+
+def run_call_tests(
+    code: str,
+    cases: Sequence[Mapping[str, str]],
+    func_name: str,
+    *,
+    limits: SandboxLimits | None = None,
+    stop_on_first_failure: bool = False,
+) -> TestReport:
+    """Run a LiveCodeBench "functional" (LeetCode-style) problem once per case.
+
+    Each case's ``input`` holds the call's arguments, one JSON value per line, and its
+    ``output`` the expected return value as JSON. The candidate's ``Solution().<func_name>``
+    is called (a plain function ``func_name`` when it defines no ``Solution`` class), with
+    the usual LeetCode names (``List``, ``Optional``, ``collections``, ...) predefined.
+    Every case runs in its own sandboxed process, as with ``run_stdio_tests``.
+
+    The child only sees the inputs: it reports the return value as JSON (a tuple counts as
+    a list, as LiveCodeBench does) and the comparison with the expected value happens here,
+    so neither a peek at the expected outputs nor an object that claims to equal anything
+    can pass a case.
+    """
+    limits = limits or SandboxLimits()
+    if not cases or not func_name:
+        why = "no test cases" if not cases else "the problem names no function to call (func_name)"
+        return TestReport(passed=0, total=len(cases), first_failure=why)
+    passed = 0
+    first_failure: str | None = None
+    runs: list[SandboxResult] = []
+    for i, case in enumerate(cases):
+        failure: str | None = None
+        try:
+            args = parse_call_arguments(str(case.get("input", "")))
+            expected = json.loads(str(case.get("output", "")))
+        except ValueError as exc:
+            # Unusable test data: not the candidate's fault, but it cannot pass either.
+            failure = f"case {i}: bad test data: {exc}"
+        else:
+            result, report = _execute(
+                {_SOLUTION_FILE: code, _ARGS_FILE: json.dumps(args)},
+                ["call", func_name],
+                "",
+                limits,
+                want_report=True,
+            )
+            runs.append(result)
+            if report is None:
+                why = result.reason if not result.ok else "the harness did not report a value"
+                failure = f"case {i}: {why}"
+            elif "error" in report:
+                failure = f"case {i}: {report['error']}"
+            elif not result.ok:
+                failure = f"case {i}: {result.reason}"
+            elif report.get("value") != expected:
+                failure = (
+                    f"case {i}: wrong answer: expected {_preview(json.dumps(expected))}, "
+                    f"got {_preview(json.dumps(report.get('value')))}"
+                )
+        if failure is None:
+            passed += 1
+            continue
+        first_failure = first_failure or failure
+        if stop_on_first_failure:
+            break
     return TestReport(
         passed=passed, total=len(cases), first_failure=first_failure, runs=tuple(runs)
     )
@@ -811,6 +901,46 @@ def _run_tests(entry_point, report_fd):
     os.write(report_fd, (json.dumps(outcome) + "\n").encode())
 
 
+_CALL_PRELUDE = (
+    "from typing import *\n"
+    "import bisect, collections, functools, heapq, itertools, math, operator, re, string\n"
+    "from bisect import *\nfrom collections import *\nfrom functools import *\n"
+    "from heapq import *\nfrom itertools import *\nfrom math import *\n"
+)
+
+
+def _run_call(func_name, report_fd):
+    # LeetCode starter code uses List, Optional, deque... without importing them: the
+    # judge predefines them, so we do too (in the namespace, not the source, so that
+    # tracebacks keep the candidate's line numbers).
+    import json
+    try:
+        with open("call_args.json", encoding="utf-8") as fh:
+            args = json.load(fh)
+        module = _module("solution")
+        sys.modules["solution"] = module
+        exec(compile(_CALL_PRELUDE, "<prelude>", "exec"), module.__dict__)
+        sys.setrecursionlimit(20000)  # recursive DFS is idiomatic on LeetCode
+        exec(_compile("solution.py"), module.__dict__)
+        owner = module.__dict__.get("Solution")
+        if isinstance(owner, type):
+            target = getattr(owner(), func_name, None)
+        else:
+            target = module.__dict__.get(func_name)
+        if not callable(target):
+            raise NameError(f"the code defines no Solution.{func_name} (nor a function {func_name})")
+        value = target(*args)
+        if isinstance(value, tuple):
+            value = list(value)
+        try:
+            line = json.dumps({"value": value}, allow_nan=True)
+        except (TypeError, ValueError):
+            line = json.dumps({"error": f"returned {type(value).__name__}, which is not a JSON value"})
+    except BaseException as exc:  # SystemExit too: exiting is not answering
+        line = json.dumps({"error": _describe(exc)})
+    os.write(report_fd, (line + "\n").encode())
+
+
 def _restore_exit():
     # exit()/quit() come from the site module, which -S skips; competitive-programming
     # solutions call them, so provide the same behaviour.
@@ -830,6 +960,8 @@ def _main():
     os.environ.pop("SANDBOX_ALLOW_SUBPROCESSES", None)
     if mode[0] == "tests":
         _run_tests(mode[1], report_fd)
+    elif mode[0] == "call":
+        _run_call(mode[1], report_fd)
     else:
         _run_script()
 
@@ -971,16 +1103,37 @@ def _build_filesystem(libc: _Libc, config: dict[str, Any]) -> str:
     # Without this, mounts below could propagate back to the host's namespace.
     libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     size = f"size={int(config['limits']['disk_mb'])}m"
-    libc.mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"{size},mode=1777")
+    _private_tmpfs(libc, "/tmp", size, config["keep"])
     _mask_directories(libc, config["hide"], config["keep"])
     for path in _WRITABLE_DIRS[1:]:
         if os.path.isdir(path) and not os.path.islink(path):
-            libc.mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"{size},mode=1777")
+            _private_tmpfs(libc, path, size, config["keep"])
     os.makedirs(_NS_WORKDIR, mode=0o755)
     for name, text in sources.items():
         with open(os.path.join(_NS_WORKDIR, name), "w", encoding="utf-8") as fh:
             fh.write(text)
     return _NS_WORKDIR
+
+
+def _private_tmpfs(libc: _Libc, target: str, size: str, keep: list[str]) -> None:
+    """Cover ``target`` with a fresh tmpfs, re-exposing (read-only) any ``keep`` dir inside it.
+
+    A virtual environment can live under /tmp (a clean clone in CI does); covering /tmp
+    without re-exposing it would hide the interpreter that site-packages runs need
+    (FileNotFoundError at exec). Each such dir is opened before the tmpfs goes on and
+    bind-mounted back through its /proc/self/fd link, which still names the covered dir.
+    """
+    inner = [k for k in keep if k != target and _within(k, target)]
+    handles = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in inner]
+    try:
+        libc.mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"{size},mode=1777")
+        for path, fd in handles:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            libc.mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+            libc.mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
+    finally:
+        for _, fd in handles:
+            os.close(fd)
 
 
 def _mask_directories(libc: _Libc, hide: list[str], keep: list[str]) -> None:

@@ -19,7 +19,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from conductor_pipeline.tasks.code_sandbox import SandboxLimits, run_function_tests, run_stdio_tests
+from conductor_pipeline.tasks.code_sandbox import (
+    SandboxLimits,
+    run_call_tests,
+    run_function_tests,
+    run_stdio_tests,
+)
 from conductor_pipeline.tasks.types import VERIFIERS, Task
 
 __all__ = ["Verdict", "extract_code", "extract_final_answer", "extract_letter", "verify"]
@@ -501,6 +506,10 @@ def _verify_code(task: Task, response: str) -> Verdict:
     )
     if meta.get("test"):
         report = run_function_tests(code, str(meta["test"]), entry_point, limits=limits)
+    elif meta.get("tests") and meta.get("test_style") == "functional":
+        # LeetCode-style: call Solution().<func_name> with each case's JSON arguments.
+        func_name = str(meta.get("func_name") or "")
+        report = run_call_tests(code, list(meta["tests"]), func_name, limits=limits)
     elif meta.get("tests"):
         report = run_stdio_tests(code, list(meta["tests"]), limits=limits)
     else:

@@ -28,11 +28,13 @@ Schemas and choices (hub id, default split):
   metadata (JSON string; ``func_name`` for LeetCode problems). The hub repository's loading
   script no longer runs under ``datasets`` 4+, so its JSONL files are read directly and
   ``version`` (``release_v1`` … ``release_v6``, ``release_latest``, ``v2``, ``v1_v3``)
-  selects them as the script did. Private tests are used only when they are plain JSON:
-  newer releases store them base64+zlib+pickle, and unpickling downloaded data could run
-  arbitrary code, so those problems keep their public tests only. Problems with LeetCode
-  ("functional") tests are skipped unless ``include_functional``, because the ``code``
-  verifier's stdin form cannot run them. No reference solution exists: ``answer`` is empty.
+  selects them as the script did. Private tests are plain JSON or, in the hub files,
+  base64 → zlib → pickle → JSON string; the pickle is read by an unpickler that refuses
+  every global, so only plain data can come out and nothing from the dataset is executed
+  (a payload that names a global raises ``UnsafeTestData``). LeetCode problems
+  ("functional" tests, ``func_name`` in metadata) call ``Solution().<func_name>`` on JSON
+  arguments; ``include_functional=False`` drops them. No reference solution exists:
+  ``answer`` is empty.
 - ``aime25`` (math-ai/aime25, test): problem (or question), answer, id. Integer answers,
   verifier ``math``, difficulty ``hard``.
 - ``rlpr`` (openbmb/RLPR-Train-Dataset, train; the verl layout also used by the RLPR test
@@ -44,7 +46,9 @@ Schemas and choices (hub id, default split):
   complete_prompt, instruct_prompt, code_prompt, canonical_solution, test (a unittest
   ``TestCases`` class), entry_point, libs. ``answer`` is complete_prompt plus the canonical
   body; ``variant`` picks the complete or instruct prompt; difficulty from the canonical body
-  size (≤10 non-blank lines easy, ≤25 medium, longer hard).
+  size (≤10 non-blank lines easy, ≤25 medium, longer hard). Its tasks import numpy, pandas
+  and friends, so they run in the code sandbox with the interpreter's site-packages and
+  roomier limits (``timeout_s``, ``memory_mb``), still without network.
 
 Code tasks carry ``test_style`` (``check`` for HumanEval-style ``check(candidate)``,
 ``unittest`` for BigCodeBench, ``stdin`` / ``functional`` per LiveCodeBench test) so the
@@ -54,12 +58,17 @@ verifier need not guess.
 from __future__ import annotations
 
 import ast
+import base64
+import binascii
 import csv
 import datetime
+import io
 import json
 import os
+import pickle
 import random
 import re
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -369,14 +378,31 @@ def livecodebench_files(version: str) -> list[str]:
 
 
 def livecodebench_task(
-    row: Mapping[str, Any], *, index: int, include_functional: bool = False
+    row: Mapping[str, Any],
+    *,
+    index: int,
+    include_functional: bool = True,
+    private_tests: bool = True,
 ) -> Task | None:
-    """The task for one problem, or None when it has no test the verifier could run."""
-    public = _json_tests(row.get("public_test_cases"))
-    private = _json_tests(row.get("private_test_cases"))
+    """The task for one problem, or None when it has no test the verifier could run.
+
+    Raises ``UnsafeTestData`` when the private tests are a pickle that names a global (it
+    is refused, never run) and ``ValueError`` when they cannot be decoded at all.
+    """
+    question_id = row.get("question_id") or f"row{index}"
+    where = f"livecodebench problem {question_id}"
+    public = decode_livecodebench_tests(
+        row.get("public_test_cases"), where=f"{where}, public tests"
+    )
+    private = (
+        decode_livecodebench_tests(row.get("private_test_cases"), where=f"{where}, private tests")
+        if private_tests
+        else []
+    )
     tests = public + private
+    meta = _lcb_metadata(row.get("metadata"))
     kinds = {test["testtype"] for test in tests}
-    functional = "functional" in kinds
+    functional = "functional" in kinds or bool(meta.get("func_name"))
     if not tests or (functional and not include_functional):
         return None
     starter = str(row.get("starter_code") or "")
@@ -402,8 +428,7 @@ def livecodebench_task(
     }
     if functional:
         metadata["starter_code"] = starter
-        metadata["func_name"] = _lcb_metadata(row.get("metadata")).get("func_name", "")
-    question_id = row.get("question_id") or f"row{index}"
+        metadata["func_name"] = str(meta.get("func_name") or "")
     difficulty = str(row.get("difficulty") or "medium").lower()
     return Task(
         id=f"livecodebench/{_id_part(question_id)}",
@@ -427,12 +452,14 @@ def load_livecodebench(
     version: str = "release_v6",
     start_date: str | datetime.date | None = None,
     end_date: str | datetime.date | None = None,
-    include_functional: bool = False,
+    include_functional: bool = True,
+    private_tests: bool = True,
     hub_id: str = "livecodebench/code_generation_lite",
 ) -> list[Task]:
     """LiveCodeBench problems; ``start_date``/``end_date`` (ISO, inclusive) filter contest_date.
 
     The filters and the functional-test rule apply before ``limit`` samples.
+    ``private_tests=False`` judges on the public tests only (smaller tasks, weaker check).
     """
     check_limit(limit)
     files = livecodebench_files(version)
@@ -450,21 +477,58 @@ def load_livecodebench(
         date = str(row.get("contest_date") or "")[:10]
         if (first and date < first) or (last and date > last):
             continue
-        task = livecodebench_task(row, index=index, include_functional=include_functional)
+        task = livecodebench_task(
+            row, index=index, include_functional=include_functional, private_tests=private_tests
+        )
         if task is not None:
             tasks.append(task)
     return [tasks[i] for i in seeded_subset(len(tasks), limit, derived_seed("livecodebench", seed))]
 
 
-def _json_tests(raw: Any) -> list[dict[str, str]]:
-    """Test cases from a JSON string or list; anything else (compressed pickles) gives []."""
+class UnsafeTestData(ValueError):
+    """Test data that would need code from the dataset to be run in order to decode it."""
+
+
+# Decoded private tests of one problem may not exceed this: LiveCodeBench's largest are
+# tens of MB, and a cap stops a compression bomb from exhausting memory.
+LCB_MAX_DECODED_BYTES = 512 * 1024 * 1024
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """An unpickler that can only rebuild plain data (str, bytes, numbers, lists, dicts...).
+
+    Everything dangerous in pickle (calling a function, building an object of a class)
+    first has to look up a global by name through ``find_class``; refusing every lookup
+    leaves only the opcodes for built-in literal values, so loading cannot run any code.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafeTestData(
+            f"the pickle asks for the global {module}.{name}; only plain data "
+            f"(str, bytes, numbers, lists, dicts) is accepted, so it was refused and not run"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeTestData("the pickle uses persistent ids; only plain data is accepted")
+
+
+def decode_livecodebench_tests(raw: Any, *, where: str = "livecodebench") -> list[dict[str, str]]:
+    """Test cases (input, output, testtype) from a LiveCodeBench test field.
+
+    The field is a JSON list, or LiveCodeBench's compressed form: base64 of zlib of a
+    pickle of the JSON text. Empty fields give []. ``UnsafeTestData`` is raised when the
+    pickle names any global (see ``_PlainDataUnpickler``), ``ValueError`` when the field
+    is neither form.
+    """
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return []
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
         except ValueError:
-            return []  # base64+zlib+pickle: deliberately never decoded
+            raw = _decode_compressed_tests(raw, where=where)
     if not isinstance(raw, list):
-        return []
+        raise ValueError(f"{where}: expected a list of test cases, got {type(raw).__name__}")
     tests = []
     for case in raw:
         if isinstance(case, Mapping) and "input" in case and "output" in case:
@@ -476,6 +540,33 @@ def _json_tests(raw: Any) -> list[dict[str, str]]:
                 }
             )
     return tests
+
+
+def _decode_compressed_tests(text: str, *, where: str) -> Any:
+    try:
+        compressed = base64.b64decode(text.encode("ascii"), validate=True)
+        inflater = zlib.decompressobj()
+        pickled = inflater.decompress(compressed, LCB_MAX_DECODED_BYTES + 1)
+    except (binascii.Error, UnicodeEncodeError, zlib.error) as err:
+        raise ValueError(
+            f"{where}: neither JSON nor base64+zlib+pickle ({type(err).__name__}: {err})"
+        ) from None
+    if len(pickled) > LCB_MAX_DECODED_BYTES or inflater.unconsumed_tail:
+        raise ValueError(f"{where}: decompresses to more than {LCB_MAX_DECODED_BYTES} bytes")
+    try:
+        loaded = _PlainDataUnpickler(io.BytesIO(pickled)).load()
+    except UnsafeTestData as err:
+        raise UnsafeTestData(f"{where}: {err}") from None
+    except Exception as err:  # a corrupt pickle: truncated, bad opcode, ...
+        raise ValueError(
+            f"{where}: the compressed tests are not a readable pickle ({err})"
+        ) from None
+    if isinstance(loaded, str | bytes | bytearray):
+        try:
+            return json.loads(loaded)  # json reads UTF-8 bytes as well as text
+        except ValueError as err:  # UnicodeDecodeError included
+            raise ValueError(f"{where}: the unpickled text is not JSON ({err})") from None
+    return loaded  # a list pickled directly: checked by the caller
 
 
 def _lcb_metadata(raw: Any) -> dict[str, Any]:
@@ -610,7 +701,18 @@ BCB_INSTRUCTION = (
 )
 
 
-def bigcodebench_task(row: Mapping[str, Any], *, index: int, variant: str = "complete") -> Task:
+BCB_TIMEOUT_S = 60
+BCB_MEMORY_MB = 4096
+
+
+def bigcodebench_task(
+    row: Mapping[str, Any],
+    *,
+    index: int,
+    variant: str = "complete",
+    timeout_s: float = BCB_TIMEOUT_S,
+    memory_mb: int = BCB_MEMORY_MB,
+) -> Task:
     if variant not in ("complete", "instruct"):
         raise ValueError(f"bigcodebench: variant must be 'complete' or 'instruct', got {variant!r}")
     prompt = str(row["complete_prompt"])
@@ -637,6 +739,12 @@ def bigcodebench_task(row: Mapping[str, Any], *, index: int, variant: str = "com
             "task_id": task_id,
             "libs": _libs(row.get("libs")),
             "test_style": "unittest",
+            # Its tasks import numpy, pandas, matplotlib...: the sandbox must start with the
+            # interpreter's site-packages, and importing those needs more than the
+            # HumanEval-sized defaults (seconds of start-up, hundreds of MB mapped).
+            "site_packages": True,
+            "timeout_s": timeout_s,
+            "memory_mb": memory_mb,
         },
     )
 
@@ -648,6 +756,8 @@ def load_bigcodebench(
     data_files: DataFiles | None = None,
     seed: int = 0,
     variant: str = "complete",
+    timeout_s: float = BCB_TIMEOUT_S,
+    memory_mb: int = BCB_MEMORY_MB,
     hub_id: str = "bigcode/bigcodebench",
 ) -> list[Task]:
     rows = _rows(
@@ -657,7 +767,12 @@ def load_bigcodebench(
         limit,
         seed,
     )
-    return [bigcodebench_task(row, index=index, variant=variant) for index, row in rows]
+    return [
+        bigcodebench_task(
+            row, index=index, variant=variant, timeout_s=timeout_s, memory_mb=memory_mb
+        )
+        for index, row in rows
+    ]
 
 
 def _libs(raw: Any) -> list[str]:
