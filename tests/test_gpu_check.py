@@ -142,3 +142,11 @@ def test_completion_mask_keeps_tokens_up_to_the_first_eos() -> None:
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
     rewards = gpu_check.synthetic_rewards(completions, mask)
     assert rewards.tolist() == pytest.approx([7 / 96, 26 / 96])
+
+
+def test_a_watchdog_firing_after_the_verdict_leaves_it_alone(tmp_path: Path) -> None:
+    report = gpu_check.Report(tmp_path / "gpu_check.json", [], budget_s=1.0)
+    assert report.finish("ok", "all sections ran") is True
+    gpu_check.Budget(report, 1.0)._expire()  # would os._exit(3) if it overrode the verdict
+    assert json.loads(report.path.read_text())["status"] == "ok"
+    assert report.finish("failed", "late") is False

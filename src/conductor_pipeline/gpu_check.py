@@ -116,11 +116,12 @@ class Report:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def finish(self, status: str, message: str) -> None:
-        """Record the outcome and write the file once (a second call is ignored)."""
+    def finish(self, status: str, message: str) -> bool:
+        """Record the outcome and write the file once; False when it was already written
+        (a second call is ignored)."""
         with self._lock:
             if self._written:
-                return
+                return False
             self.data["status"] = status
             self.data["message"] = message
             self.data["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
@@ -139,6 +140,7 @@ class Report:
             tmp.write_text(text + "\n")
             os.replace(tmp, self.path)
             self._written = True
+            return True
 
 
 class Budget:
@@ -161,11 +163,13 @@ class Budget:
         return self.seconds - self.report.elapsed()
 
     def _expire(self) -> None:
-        self.report.finish(
+        # the main thread may have finished in the meantime: its verdict stands
+        if not self.report.finish(
             "timeout",
             f"the check ran past its {self.seconds:.0f} s budget and was stopped; the sections "
             "recorded so far are in this file",
-        )
+        ):
+            return
         print(
             f"gpu-check: timeout after {self.seconds:.0f} s; see {self.report.path}",
             file=sys.stderr,
