@@ -1,5 +1,6 @@
 """Project hooks: make sure the tracking store's directory exists before kedro-mlflow opens it,
-and hand the worker pool's configuration to the nodes that start a pool."""
+hand the worker pool's configuration to the nodes that start a pool, and keep the outputs of
+the processes other than the main one in memory (``accelerate launch``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 
 from kedro.framework.hooks import hook_impl
 
+from conductor_pipeline.distributed import is_main_process
 from conductor_pipeline.paths import project_root
 
 logger = logging.getLogger(__name__)
@@ -21,6 +23,18 @@ class ProjectHooks:
     def after_context_created(self, context) -> None:
         (project_root() / "mlruns").mkdir(parents=True, exist_ok=True)
         self._config_loader = context.config_loader
+
+    @hook_impl
+    def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
+        """Several processes (``accelerate launch -m kedro run``): only the main process
+        writes the pipeline's outputs; in the others they stay in memory (the nodes return
+        the main process's results), so no file or MLflow artifact is written twice."""
+        if is_main_process():
+            return
+        from kedro.io import MemoryDataset
+
+        for name in sorted(pipeline.all_outputs()):
+            catalog[name] = MemoryDataset()
 
     @hook_impl
     def after_catalog_created(self, catalog) -> None:

@@ -6,6 +6,7 @@ apply_offline_defaults()  # `kedro run` / `kedro jupyter` without the Makefile s
 
 from kedro.config import OmegaConfigLoader  # noqa: E402
 
+from conductor_pipeline.distributed import is_main_process  # noqa: E402
 from conductor_pipeline.hooks import ProjectHooks  # noqa: E402
 from conductor_pipeline.paths import project_root  # noqa: E402
 
@@ -16,6 +17,11 @@ def _project_root_resolver(*_: str) -> str:
 
 
 HOOKS = (ProjectHooks(),)
+
+# Several processes (`accelerate launch --num_processes N -m kedro run`): only the main one
+# opens the kedro-mlflow run; the others log nothing (one run per `kedro run`, not N).
+if not is_main_process():
+    DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow",)
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.distributed import is_main_process, wait_for_everyone
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import (
     SMOLLM2,
@@ -645,8 +646,11 @@ def _run_grpo_stage(
         max_cost_usd=config.budget.max_cost_usd,
     )
     stats = RolloutStats(pool.names)
-    samples = RolloutSampleLog(
-        stage_dir.parent / ROLLOUT_SAMPLES_FILE, stage, step_offset=step_offset
+    # several processes: the main one keeps the samples file (of its share of the rollouts)
+    samples = (
+        RolloutSampleLog(stage_dir.parent / ROLLOUT_SAMPLES_FILE, stage, step_offset=step_offset)
+        if is_main_process()
+        else None
     )
     reward = ConductorReward(
         pool.call,
@@ -684,11 +688,31 @@ def _run_grpo_stage(
     checkpoint = _last_checkpoint(stage_dir) if config.resume else None
     if checkpoint is not None:
         log.info("%s: resuming from %s", stage, checkpoint)
-        samples.forget_after(step_offset + int(checkpoint.name.rsplit("-", 1)[-1]))
-    else:
-        samples.forget_after(step_offset)
+    if samples is not None:
+        resumed_step = int(checkpoint.name.rsplit("-", 1)[-1]) if checkpoint else 0
+        samples.forget_after(step_offset + resumed_step)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     return trainer, str(checkpoint) if checkpoint else None
+
+
+def _check_recursion_generation(config: TrainingConfig) -> None:
+    """Refuse the recursion fine-tune with vLLM generation before anything is trained.
+
+    The recursion stage builds a second trainer after GRPO (with ``use_vllm`` that is a
+    second vLLM engine, colocated next to the first one, which is never released) and writes
+    round 1 with :class:`TrainerPolicy`, i.e. transformers' ``generate`` on the full policy
+    (the 7B model at GPU scale), not the trainer's vLLM. Neither works at that scale, so the
+    pairing is an error that names the settings instead of an out-of-memory hours in.
+    """
+    if config.recursion.enabled and config.grpo.use_vllm:
+        raise ValueError(
+            "training.recursion.enabled: true cannot be combined with training.grpo.use_vllm: "
+            f"true (vllm_mode: {config.grpo.vllm_mode}): the recursion fine-tune would start a "
+            "second trainer with a second vLLM engine and write its round-1 workflows with "
+            "transformers' generate on the full model instead of vLLM. Set "
+            "training.recursion.enabled: false (as conf/gpu does), or train the recursion "
+            "stage without vLLM (training.grpo.use_vllm: false)."
+        )
 
 
 def train_conductor(
@@ -719,6 +743,7 @@ def train_conductor(
     the GRPO stages (tests use one to interrupt a run); ``grpo_overrides`` extra
     ``GRPOConfig`` arguments (not part of the fingerprint).
     """
+    _check_recursion_generation(config)
     _install_log_filter()
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -738,11 +763,15 @@ def train_conductor(
     run_fp = stable_hash(fingerprints)
     run_dir = root / "runs" / run_fp
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(
-        json.dumps(
-            {"fingerprints": fingerprints, "config": config.to_dict(), "prompt": prompt}, indent=2
+    # several processes (accelerate launch): the main one writes the run's files
+    main_process = is_main_process()
+    if main_process:
+        (run_dir / "run.json").write_text(
+            json.dumps(
+                {"fingerprints": fingerprints, "config": config.to_dict(), "prompt": prompt},
+                indent=2,
+            )
         )
-    )
 
     _, tokenizer = _load_tokenizer(config)
     rows, report = build_prompt_dataset(train_tasks, tokenizer, descriptions, prompt_config, config)
@@ -848,13 +877,14 @@ def train_conductor(
         timings["recursion"] = time.perf_counter() - t0
 
     adapter_dir = run_dir / "adapter"
-    if adapter_dir.exists():
-        shutil.rmtree(adapter_dir)
-    shutil.copytree(stage_adapter, adapter_dir)
-    if sft_info is not None:
-        # the same run's SFT-only adapter travels with the trained one (and into the
-        # registry), so evaluation can measure what GRPO added on top of the warm start
-        shutil.copytree(Path(sft_info["adapter_dir"]), adapter_dir / WARM_START_DIR)
+    if main_process:
+        if adapter_dir.exists():
+            shutil.rmtree(adapter_dir)
+        shutil.copytree(stage_adapter, adapter_dir)
+        if sft_info is not None:
+            # the same run's SFT-only adapter travels with the trained one (and into the
+            # registry), so evaluation can measure what GRPO added on top of the warm start
+            shutil.copytree(Path(sft_info["adapter_dir"]), adapter_dir / WARM_START_DIR)
     timings["total"] = time.perf_counter() - started
     result = TrainingResult(
         adapter_dir=adapter_dir,
@@ -876,7 +906,9 @@ def train_conductor(
         recursion_steps=recursion_steps,
         start_adapter=str(start_adapter) if start_adapter else None,
     )
-    (adapter_dir / ADAPTER_INFO_FILE).write_text(json.dumps(result.to_dict(), indent=2))
+    if main_process:
+        (adapter_dir / ADAPTER_INFO_FILE).write_text(json.dumps(result.to_dict(), indent=2))
+    wait_for_everyone()  # the others return once the adapter folder is complete
     return result
 
 
@@ -891,11 +923,24 @@ def _load_tokenizer(config: TrainingConfig) -> tuple[str, Any]:
 
 
 def _save(trainer: Any, tokenizer: Any, folder: Path) -> None:
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    trainer.model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
+    """The trained model (the adapter under LoRA) and tokenizer into a fresh ``folder``.
+
+    Several processes (``accelerate launch``): the main process clears and writes the folder;
+    every process takes part in ``Trainer.save_model`` (it gathers sharded weights under
+    DeepSpeed ZeRO-3 or FSDP, and writes on the main process only); all wait until it is
+    written.
+    """
+    accelerator = trainer.accelerator
+    if accelerator.is_main_process:
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    trainer.save_model(str(folder))
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(str(folder))
+        (folder / "training_args.bin").unlink(missing_ok=True)  # Trainer's pickle: not needed
+    accelerator.wait_for_everyone()
 
 
 def load_adapter_info(adapter_dir: str | Path) -> Mapping[str, Any]:

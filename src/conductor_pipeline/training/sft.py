@@ -172,8 +172,14 @@ def run_sft(
     trainer.train()
     seconds = time.perf_counter() - started
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    adapter_dir.mkdir(parents=True, exist_ok=True)
-    trainer.model.save_pretrained(str(adapter_dir))
+    # several processes (accelerate launch): every one takes part (sharded weights are
+    # gathered), the main one writes, the others wait until the adapter is there
+    if trainer.accelerator.is_main_process:
+        adapter_dir.mkdir(parents=True, exist_ok=True)
+    trainer.save_model(str(adapter_dir))
+    if trainer.accelerator.is_main_process:
+        (adapter_dir / "training_args.bin").unlink(missing_ok=True)  # Trainer's pickle
+    trainer.accelerator.wait_for_everyone()
     log.info(
         "SFT warm start: %d steps in %.1f s, final loss %s",
         trainer.state.global_step,

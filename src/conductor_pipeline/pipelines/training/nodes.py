@@ -15,6 +15,7 @@ from typing import Any
 import mlflow
 import pandas as pd
 
+from conductor_pipeline.distributed import broadcast_from_main, is_main_process
 from conductor_pipeline.paths import project_root
 from conductor_pipeline.registry import local_adapter
 from conductor_pipeline.tasks import Task
@@ -31,8 +32,9 @@ PIP_REQUIREMENTS = ["torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "co
 
 
 def log_metrics_to_mlflow(metrics: dict[str, float], step: int) -> None:
-    """``mlflow.log_metrics`` into the active (kedro-mlflow) run; a no-op without one."""
-    if mlflow.active_run() is None:
+    """``mlflow.log_metrics`` into the active (kedro-mlflow) run; a no-op without one and
+    in the processes other than the main one (``accelerate launch``)."""
+    if not is_main_process() or mlflow.active_run() is None:
         return
     clean = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
     if clean:
@@ -104,7 +106,16 @@ def register_conductor(adapter_info: dict[str, Any]) -> dict[str, Any]:
 
     Version tags: base model, pool fingerprint (worker names and prices), data version
     (hash of the train split), config fingerprint, run fingerprint.
+
+    Several processes (``accelerate launch``): the main process registers one version, the
+    others wait and return its record.
     """
+    if not is_main_process():
+        return broadcast_from_main(None)
+    return broadcast_from_main(_register(adapter_info))
+
+
+def _register(adapter_info: dict[str, Any]) -> dict[str, Any]:
     from mlflow.models import infer_signature
 
     from conductor_pipeline.pipelines.training.mlflow_model import ADAPTER_ARTIFACT, ConductorModel
