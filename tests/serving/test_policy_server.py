@@ -169,3 +169,37 @@ def test_a_policy_server_that_dies_is_reported_with_its_log(tmp_path):
     settings = VllmSettings(executable=str(program), port=1, startup_timeout_s=30)
     with pytest.raises(PolicyServerError, match="(?s)exited with code 3.*CUDA not found"):
         VllmPolicyServer(settings, None).start()
+
+
+def test_several_adapters_are_served_by_name_next_to_the_base(tmp_path, adapter):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "adapter_config.json").write_text(json.dumps({"r": 32}))
+    settings = VllmSettings(executable="vllm")
+    modules = {"conductor-v2": adapter, "conductor-v1": other}
+    argv = build_vllm_command(settings, None, modules)
+    at = argv.index("--lora-modules")
+    # vLLM takes every NAME=PATH after one --lora-modules flag
+    assert argv[at + 1 : at + 3] == [f"conductor-v2={adapter}", f"conductor-v1={other}"]
+    assert argv[at + 3] == "--max-lora-rank" and argv[at + 4] == "32"
+    assert argv[argv.index("--max-loras") + 1] == "2"
+    assert argv[argv.index("--served-model-name") + 1] == "conductor-base"
+
+    server = VllmPolicyServer(settings, None, lora_modules=modules)
+    assert server.base_name == "conductor-base"
+    assert server.endpoint("conductor-v1").model == "hosted_vllm/conductor-v1"
+    assert server.endpoint("conductor-base").model == "hosted_vllm/conductor-base"
+    with pytest.raises(ValueError, match="not 'conductor'"):
+        server.endpoint("conductor")
+    # with no adapter at all the base model is what `lora_name` asks for
+    assert VllmPolicyServer(settings, None).base_name == "conductor"
+
+
+def test_a_lora_name_may_not_be_taken_twice(adapter):
+    settings = VllmSettings(executable="vllm")
+    with pytest.raises(ValueError, match="used twice"):
+        build_vllm_command(settings, adapter, {"conductor": adapter})
+    with pytest.raises(ValueError, match="used twice"):
+        build_vllm_command(settings, None, {"conductor-base": adapter})
+    with pytest.raises(ValueError, match="usable"):
+        build_vllm_command(settings, None, {"a=b": adapter})

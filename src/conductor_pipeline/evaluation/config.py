@@ -9,8 +9,9 @@
       validation_per_domain: 4    # questions per domain the router is fitted on
       store: data/07_model_output/evaluation/results.jsonl
       concurrency: 8              # questions in flight for systems without a Conductor
-      systems: [conductor, conductor+recursion, warm-start, base-policy, solo, moa,
+      systems: [conductor, conductor+recursion, champion, warm-start, base-policy, solo, moa,
                 random-workflow, best-of-n, router, oracle]
+      policy_server: none         # vllm: launch serving.vllm with every adapter evaluated
       conductor: {adapter: null, max_parse_attempts: null, recursion_rounds: 1,
                   batch_size: 4, in_flight: 8}
       base_policy: {}             # keys overriding conductor.policy for the untrained model
@@ -35,6 +36,7 @@ from typing import Any
 SYSTEM_KINDS = (
     "conductor",
     "conductor+recursion",
+    "champion",
     "warm-start",
     "base-policy",
     "solo",
@@ -45,8 +47,15 @@ SYSTEM_KINDS = (
     "oracle",
 )
 # the systems that write workflows (a Conductor model, prompted alike); ``warm-start`` is the
-# same training run's SFT-only adapter, evaluated when the Conductor under test carries one
-CONDUCTOR_SYSTEMS = ("conductor", "conductor+recursion", "warm-start", "base-policy")
+# same training run's SFT-only adapter, evaluated when the Conductor under test carries one;
+# ``champion`` is the registry's current champion, evaluated alongside a different candidate
+# so that promotion compares two models measured on the same questions by the same server
+CONDUCTOR_SYSTEMS = ("conductor", "conductor+recursion", "champion", "warm-start", "base-policy")
+# how the evaluation reaches an ``endpoint`` Conductor: ``none`` uses conductor.policy as it
+# is (whatever that server serves, so the rows are labelled with the endpoint, not with a
+# registry version); ``vllm`` launches serving.vllm with each evaluated adapter as a named
+# LoRA module and asks for each model by its served name
+POLICY_SERVERS = ("none", "vllm")
 
 
 def _int(value: Any, key: str, *, minimum: int = 0, allow_none: bool = False) -> int | None:
@@ -122,8 +131,10 @@ class EvaluationConfig:
     trace_sample: int = 5
     benchmarks: dict[str, dict[str, Any]] = field(default_factory=dict)
     report_by: str = "domain"
+    policy_server: str = "none"
 
     _TOP = {
+        "policy_server",
         "benchmarks",
         "report_by",
         "seed",
@@ -215,6 +226,12 @@ class EvaluationConfig:
             raise ValueError(
                 f"evaluation.report_by: must be 'domain' or 'source', got {report_by!r}"
             )
+        policy_server = params.get("policy_server") or "none"
+        if policy_server not in POLICY_SERVERS:
+            raise ValueError(
+                f"evaluation.policy_server: must be one of {list(POLICY_SERVERS)}, "
+                f"got {policy_server!r}"
+            )
         store = params.get("store", cls.store)
         if not isinstance(store, str) or not store:
             raise ValueError("evaluation.store: must be a file path")
@@ -266,4 +283,5 @@ class EvaluationConfig:
             trace_sample=_int(params.get("trace_sample", 5), "trace_sample"),
             benchmarks={str(k): dict(v or {}) for k, v in benchmarks.items()},
             report_by=report_by,
+            policy_server=policy_server,
         )

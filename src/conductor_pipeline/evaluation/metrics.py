@@ -109,6 +109,7 @@ def system_order(names: Sequence[str]) -> list[str]:
     rank = {
         "conductor": (0, 0),
         "conductor+recursion": (1, 0),
+        "champion": (1, 1),
         "warm-start": (2, 0),
         "base-policy": (2, 1),
         "moa": (4, 0),

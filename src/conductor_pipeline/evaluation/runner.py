@@ -2,12 +2,11 @@
 
 Order of work (each pair is skipped when the store already holds it):
 
-1. At once: the Conductor systems (``conductor``, ``conductor+recursion``, ``warm-start``,
-   ``base-policy``;
-   at most ``conductor.in_flight`` questions in flight, their samples batched), and the
-   solo runs of every worker on the test questions and on the validation questions the
-   router is fitted on, followed by ``moa`` (whose first layer then comes from the
-   response cache).
+1. At once: the Conductor systems (``conductor``, ``conductor+recursion``, ``champion``,
+   ``warm-start``, ``base-policy``; at most ``conductor.in_flight`` questions in flight,
+   their samples batched), and the solo runs of every worker on the test questions and on
+   the validation questions the router is fitted on, followed by ``moa`` (whose first
+   layer then comes from the response cache).
 2. Once the Conductor is done: ``random-workflow`` (sized by its mean workflow length) and
    ``best-of-n`` (``n`` matched to its mean cost).
 3. Derived without calls: ``router`` and ``oracle``.
@@ -170,6 +169,7 @@ async def evaluate(
     conductor: PolicyUnderTest | None = None,
     base_policy: PolicyUnderTest | None = None,
     warm_start: PolicyUnderTest | None = None,
+    champion: PolicyUnderTest | None = None,
     validation_tasks: Sequence[Task] = (),
     store: ResultStore | None = None,
     pool_id: str = "",
@@ -182,7 +182,9 @@ async def evaluate(
     recursion rounds. ``pool_id`` fingerprints the pool (workers, sandbox seed...), so that
     results from another pool are never reused. ``warm_start`` (the same training run's
     SFT-only adapter) is evaluated as ``warm-start`` with exactly the conductor's settings, so
-    the two differ only by what GRPO learned; without it that system is left out. Returns the
+    the two differ only by what GRPO learned; without it that system is left out. ``champion``
+    (the registry's champion, when it is not the Conductor under test) is evaluated as
+    ``champion`` with the same settings, for promotion to compare against. Returns the
     results of the current variants of every system, in (system, question) order, and an
     ``info`` dict (what was sized how).
     """
@@ -244,6 +246,18 @@ async def evaluate(
             )
         )
         info["warm_start"] = warm_start.label
+    if champion is not None and config.wants("champion"):
+        conductor_systems.append(
+            ConductorSystem(
+                "champion",
+                shared(champion.policy),
+                pool,
+                base_config,
+                variant=fingerprint(pool_id, champion.variant, base_config),
+                label=champion.label,
+            )
+        )
+        info["champion"] = champion.label
     if base_policy is not None and config.wants("base-policy"):
         conductor_systems.append(
             ConductorSystem(

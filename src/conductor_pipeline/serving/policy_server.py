@@ -12,6 +12,11 @@ Two ways, chosen by ``serving.policy_server`` (or ``conductor serve --policy-ser
   adapter under ``lora_name``; with no adapter the base model itself is served as
   ``lora_name``, so the API always asks for the same name.
 
+Evaluation launches the same server with several adapters at once (``lora_modules``: the
+candidate, the champion, the warm start, each under its own served name, see
+:func:`versioned_lora_name`) and asks for each model by the name it is served under; the base
+model is then served as ``base_served_name``.
+
 The argument vector is built by the pure function :func:`build_vllm_command` (tested
 without vLLM). The policy server's key, when ``api_key_env`` names a set variable, is handed
 to vLLM as ``VLLM_API_KEY`` in its environment and never on the command line (an argv is
@@ -147,13 +152,50 @@ def _default_vllm_program() -> str:
     return shutil.which("vllm") or "vllm"
 
 
-def build_vllm_command(settings: VllmSettings, adapter_dir: str | Path | None) -> list[str]:
+def versioned_lora_name(lora_name: str, tag: str) -> str:
+    """The served name of one registry version's adapter, e.g. ``conductor-v3``.
+
+    A dash rather than a slash: litellm reads the first slash of ``hosted_vllm/<name>`` as
+    the provider separator, and vLLM takes any string as a LoRA name.
+    """
+    name = f"{lora_name}-{tag}"
+    if "=" in name or any(c.isspace() for c in name):
+        raise ValueError(f"not a usable LoRA name: {name!r}")
+    return name
+
+
+def served_lora_modules(
+    settings: VllmSettings,
+    adapter_dir: str | Path | None,
+    lora_modules: Mapping[str, str | Path] | None = None,
+) -> dict[str, Path]:
+    """Every LoRA the server loads, by served name: ``adapter_dir`` as ``lora_name``, then
+    ``lora_modules``. A name may not be used twice, nor be the base model's served name."""
+    modules: dict[str, Path] = {}
+    if adapter_dir is not None:
+        modules[settings.lora_name] = Path(adapter_dir)
+    for name, folder in (lora_modules or {}).items():
+        if not name or "=" in name or any(c.isspace() for c in name):
+            raise ValueError(f"not a usable LoRA name: {name!r}")
+        if name in modules or name == settings.base_served_name:
+            raise ValueError(f"LoRA name {name!r} is used twice")
+        modules[name] = Path(folder)
+    return modules
+
+
+def build_vllm_command(
+    settings: VllmSettings,
+    adapter_dir: str | Path | None,
+    lora_modules: Mapping[str, str | Path] | None = None,
+) -> list[str]:
     """The argument vector that launches vLLM for the Conductor (no secrets in it).
 
     With an adapter: the base model as ``base_served_name`` and the LoRA as ``lora_name``
-    (``--enable-lora --lora-modules <lora_name>=<dir> --max-lora-rank N``); without one the
-    base model is served as ``lora_name``. Always bound to ``settings.host`` (127.0.0.1 by
-    default: vLLM leaves several endpoints open even with a key).
+    (``--enable-lora --lora-modules <lora_name>=<dir> --max-lora-rank N``); ``lora_modules``
+    adds more adapters by served name (one ``--lora-modules`` flag takes them all, and
+    ``--max-loras`` lets them share a batch). Without any adapter the base model is served
+    as ``lora_name``. Always bound to ``settings.host`` (127.0.0.1 by default: vLLM leaves
+    several endpoints open even with a key).
     """
     if settings.launcher == "vllm":
         argv = [settings.executable or _default_vllm_program(), "serve", settings.base_model]
@@ -165,17 +207,21 @@ def build_vllm_command(settings: VllmSettings, adapter_dir: str | Path | None) -
             "--model",
             settings.base_model,
         ]
-    if adapter_dir is not None:
-        rank = lora_rank_flag(settings.max_lora_rank, adapter_rank(adapter_dir))
+    modules = served_lora_modules(settings, adapter_dir, lora_modules)
+    if modules:
+        ranks = [adapter_rank(folder) or 0 for folder in modules.values()]
+        rank = lora_rank_flag(settings.max_lora_rank, max(ranks) or None)
         argv += [
             "--enable-lora",
             "--lora-modules",
-            f"{settings.lora_name}={Path(adapter_dir)}",
+            *(f"{name}={folder}" for name, folder in modules.items()),
             "--max-lora-rank",
             str(rank),
-            "--served-model-name",
-            settings.base_served_name,
         ]
+        if len(modules) > 1:
+            # vLLM's default (1) would let only one adapter into a batch at a time
+            argv += ["--max-loras", str(len(modules))]
+        argv += ["--served-model-name", settings.base_served_name]
     else:
         argv += ["--served-model-name", settings.lora_name]
     if settings.max_model_len:
@@ -250,14 +296,16 @@ class VllmPolicyServer:
         settings: VllmSettings,
         adapter_dir: str | Path | None,
         *,
+        lora_modules: Mapping[str, str | Path] | None = None,
         check: bool = True,
         grace_s: float = 30.0,
     ) -> None:
         self.settings = settings
         self.adapter_dir = adapter_dir
+        self.lora_modules = served_lora_modules(settings, adapter_dir, lora_modules)
         self.check = check
         self.grace_s = grace_s
-        self.argv = build_vllm_command(settings, adapter_dir)
+        self.argv = build_vllm_command(settings, adapter_dir, lora_modules)
         self._process: subprocess.Popen[bytes] | None = None
         self._log_handle: Any = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -268,11 +316,27 @@ class VllmPolicyServer:
         """The litellm model string the API asks for."""
         return f"hosted_vllm/{self.settings.lora_name}"
 
+    @property
+    def base_name(self) -> str:
+        """The name the base model (no adapter) is served under: ``base_served_name`` when
+        any LoRA is loaded, else ``lora_name`` (see :func:`build_vllm_command`)."""
+        return self.settings.base_served_name if self.lora_modules else self.settings.lora_name
+
     def policy(self):
+        return self.endpoint(self.settings.lora_name)
+
+    def endpoint(self, served_name: str):
+        """An ``EndpointPolicy`` that asks this server for ``served_name`` (a LoRA module's
+        name or :attr:`base_name`)."""
         from conductor_pipeline.workflow.policy import EndpointPolicy
 
+        if served_name not in self.lora_modules and served_name != self.base_name:
+            raise ValueError(
+                f"the policy server serves {sorted([self.base_name, *self.lora_modules])}, "
+                f"not {served_name!r}"
+            )
         return EndpointPolicy(
-            model=self.served_model,
+            model=f"hosted_vllm/{served_name}",
             api_base=self.settings.api_base,
             api_key=self.settings.api_key(),
             timeout_s=self.settings.request_timeout_s,

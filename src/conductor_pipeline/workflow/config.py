@@ -14,6 +14,7 @@ training, evaluation and serving, so all of them prompt and sample the Conductor
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +29,8 @@ from conductor_pipeline.workflow.policy import (
 )
 from conductor_pipeline.workflow.prompts import PromptConfig
 from conductor_pipeline.workflow.types import ParseLimits
+
+log = logging.getLogger(__name__)
 
 _TOP_KEYS = {"policy", "sampling", "max_parse_attempts", "max_rounds", "prompt", "budget"}
 _SECTION_KEYS = {
@@ -112,7 +115,10 @@ def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -
     tests and load benchmarks, not a trained Conductor.
 
     ``adapter_dir`` is a resolved local LoRA folder (the caller resolves registry references
-    such as ``models:/conductor@champion``, which need MLflow).
+    such as ``models:/conductor@champion``, which need MLflow). An ``endpoint`` cannot load
+    it: the server answers with whatever it serves as ``model``, so a caller that must reach
+    one adapter serves it under its own name and asks for that name (the evaluation
+    pipeline's ``policy_server: vllm`` does); passing one here only logs a warning.
     """
     kind = policy.get("kind", "local")
     if kind == "local":
@@ -121,6 +127,14 @@ def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -
         for key in ("model", "api_base"):
             if not policy.get(key):
                 raise ValueError(f"conductor.policy.{key}: required for an endpoint policy")
+        if adapter_dir is not None:
+            log.warning(
+                "conductor.policy: the endpoint %s answers with what it serves as %s; the "
+                "adapter %s is not loaded by this process",
+                policy["api_base"],
+                policy["model"],
+                adapter_dir,
+            )
         key_env = policy.get("api_key_env")
         return EndpointPolicy(
             model=policy["model"],

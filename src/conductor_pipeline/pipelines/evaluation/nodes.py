@@ -3,15 +3,26 @@
 The work happens in ``conductor_pipeline.evaluation``; these functions resolve the Conductor
 under test, start the worker pool from ``worker_pool_config`` (provided by the project hook,
 never as ``params:``) and turn results into the catalog's tables, plot and metrics.
+
+An ``endpoint`` Conductor (``conf/gpu``) does not load adapters itself: the server decides
+what it answers with. So with ``evaluation.policy_server: vllm`` the node launches the
+policy server (``serving.vllm``) for the duration of the evaluation with every adapter it
+evaluates as a named LoRA module (the candidate as ``conductor-v<N>``, the champion as
+``conductor-v<M>``, a warm start next to them) and asks for each model by its served name;
+the untrained base is asked for by the name the server gives the base model. Without it,
+the endpoint is evaluated as whatever it serves and labelled as that endpoint, never as a
+registry version (so promotion has nothing to decide on).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +46,7 @@ from conductor_pipeline.evaluation import (
 )
 from conductor_pipeline.evaluation.systems import fingerprint
 from conductor_pipeline.paths import project_root
+from conductor_pipeline.promotion import CHAMPION, REGISTERED_MODEL
 from conductor_pipeline.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -111,7 +123,19 @@ def build_policies(
             PolicyUnderTest(base, base_id, f"BASE POLICY ({note})"),
             PolicyUnderTest(base, base_id, base_label),
         )
-    if served.version == "adapter":
+    if kind == "endpoint":
+        # the server answers with whatever it was started with; naming the rows after the
+        # registry version would let promotion compare a model with itself
+        variant = f"endpoint:{policy_params.get('model')}"
+        label = f"endpoint {policy_params.get('model')} at {policy_params.get('api_base')}"
+        if served.adapter_dir:
+            logger.warning(
+                "evaluation: %s is not loaded by an endpoint Conductor; the rows are labelled "
+                "%s (set evaluation.policy_server: vllm to evaluate the version itself)",
+                served.reference or served.adapter_dir,
+                label,
+            )
+    elif served.version == "adapter":
         variant = f"adapter:{_folder_digest(served.adapter_dir, skip=WARM_START_DIR)}"
         label = f"adapter folder {served.adapter_dir}"
     else:
@@ -122,7 +146,7 @@ def build_policies(
             else f"endpoint {policy_params.get('model')}"
         )
     conductor = PolicyUnderTest(
-        build_policy(policy_params, adapter_dir=served.adapter_dir),
+        build_policy(policy_params, adapter_dir=served.adapter_dir if kind == "local" else None),
         variant,
         label,
         adapter_dir=served.adapter_dir if kind == "local" else None,
@@ -174,6 +198,176 @@ def warm_start_policy(
         f"warm-start:{_folder_digest(str(folder))}",
         f"warm-start (SFT-only) adapter of {conductor.label}",
         adapter_dir=str(folder),
+    )
+
+
+def _champion() -> Any:
+    """The registry's champion as a ``ServedModel`` (version ``base`` while there is none)."""
+    from conductor_pipeline.serving.models import resolve_served_model
+
+    return resolve_served_model(
+        f"models:/{REGISTERED_MODEL}@{CHAMPION}", explicit=False, root=project_root()
+    )
+
+
+def champion_policy(
+    conductor: PolicyUnderTest, conductor_params: dict[str, Any], config: EvaluationConfig
+) -> PolicyUnderTest | None:
+    """The current champion, evaluated next to a different Conductor under test, so that
+    promotion gates the candidate against figures measured now, on the same questions, by
+    the same means. ``None`` (logged) when ``champion`` is not listed, nothing is champion
+    yet, the Conductor under test is the champion, or the policy cannot load its adapter in
+    this process (an endpoint without ``evaluation.policy_server: vllm``; a scripted rule).
+    """
+    from conductor_pipeline.workflow.config import build_policy
+
+    if not config.wants("champion"):
+        return None
+    policy_params = dict(conductor_params.get("policy") or {})
+    kind = policy_params.get("kind", "local")
+    if kind != "local":
+        logger.info(
+            "evaluation: champion skipped: a %s Conductor cannot switch to the champion's "
+            "adapter (evaluation.policy_server: vllm serves both)",
+            kind,
+        )
+        return None
+    champion = _champion()
+    if champion.adapter_dir is None:
+        logger.info("evaluation: champion skipped: no %s@%s yet", REGISTERED_MODEL, CHAMPION)
+        return None
+    if champion.id == conductor.variant:
+        logger.info("evaluation: champion skipped: %s is the Conductor under test", champion.id)
+        return None
+    return PolicyUnderTest(
+        build_policy(policy_params, adapter_dir=champion.adapter_dir),
+        champion.id,
+        f"champion {champion.reference} (version {champion.version})",
+        adapter_dir=champion.adapter_dir,
+    )
+
+
+@dataclass
+class ServedConductors:
+    """What an evaluation with ``policy_server: vllm`` asks for, and the (not yet started)
+    server that serves all of it: every adapter as a named LoRA module on one base model."""
+
+    server: Any  # VllmPolicyServer
+    conductor: PolicyUnderTest
+    base: PolicyUnderTest | None
+    champion: PolicyUnderTest | None
+    warm_start: PolicyUnderTest | None
+
+    @property
+    def served_names(self) -> dict[str, str]:
+        """System → the model name it asks the server for (for the run info and tests)."""
+        named = {
+            "conductor": self.conductor,
+            "champion": self.champion,
+            "warm-start": self.warm_start,
+            "base-policy": self.base,
+        }
+        return {
+            system: put.policy.model.split("/", 1)[1]
+            for system, put in named.items()
+            if put is not None
+        }
+
+
+def served_conductors(
+    conductor_params: dict[str, Any],
+    config: EvaluationConfig,
+    serving_params: dict[str, Any] | None,
+    candidate: str | None = None,
+) -> ServedConductors:
+    """Plan the policy server for an evaluation: the Conductor under test (resolved as in
+    :func:`build_policies`), the champion (unless it is the one under test) and the warm
+    start each become a LoRA module named after its version (``conductor-v3``), and the
+    base-policy asks for the base model by its served name. The variants are those of the
+    in-process evaluation (``conductor/3``), so promotion decides on the version measured."""
+    from conductor_pipeline.serving.models import resolve_served_model
+    from conductor_pipeline.serving.policy_server import (
+        VllmPolicyServer,
+        VllmSettings,
+        versioned_lora_name,
+    )
+
+    policy_params = dict(conductor_params.get("policy") or {})
+    if policy_params.get("kind", "local") == "scripted":
+        raise ValueError(
+            "evaluation.policy_server: vllm serves model adapters; a scripted Conductor "
+            "(conductor.policy.kind: scripted) has none"
+        )
+    settings = VllmSettings.from_mapping(dict((serving_params or {}).get("vllm") or {}))
+    explicit = config.conductor.adapter is not None or candidate is not None
+    reference = config.conductor.adapter or candidate or policy_params.get("adapter")
+    served = resolve_served_model(reference, explicit=explicit, root=project_root())
+
+    modules: dict[str, str] = {}
+    names: dict[str, str] = {}  # system -> served name of its adapter
+    labels: dict[str, tuple[str, str, str]] = {}  # system -> (variant, label, adapter_dir)
+    if served.adapter_dir is not None:
+        if served.version == "adapter":
+            digest = _folder_digest(served.adapter_dir, skip=WARM_START_DIR)
+            variant, label = f"adapter:{digest}", f"adapter folder {served.adapter_dir}"
+            names["conductor"] = versioned_lora_name(settings.lora_name, f"adapter-{digest}")
+        else:
+            variant = served.id
+            label = f"{served.reference} (version {served.version})"
+            names["conductor"] = versioned_lora_name(settings.lora_name, f"v{served.version}")
+        modules[names["conductor"]] = served.adapter_dir
+        labels["conductor"] = (variant, label, served.adapter_dir)
+        folder = Path(served.adapter_dir) / WARM_START_DIR
+        if config.wants("warm-start") and (folder / "adapter_config.json").is_file():
+            names["warm-start"] = f"{names['conductor']}-warm-start"
+            modules[names["warm-start"]] = str(folder)
+            labels["warm-start"] = (
+                f"warm-start:{_folder_digest(str(folder))}",
+                f"warm-start (SFT-only) adapter of {label}",
+                str(folder),
+            )
+    if config.wants("champion"):
+        champion = _champion()
+        under_test = labels.get("conductor", ("",))[0]
+        if champion.adapter_dir is not None and champion.id != under_test:
+            names["champion"] = versioned_lora_name(settings.lora_name, f"v{champion.version}")
+            modules[names["champion"]] = champion.adapter_dir
+            labels["champion"] = (
+                champion.id,
+                f"champion {champion.reference} (version {champion.version})",
+                champion.adapter_dir,
+            )
+        else:
+            logger.info("evaluation: champion skipped: none registered, or it is under test")
+
+    server = VllmPolicyServer(settings, None, lora_modules=modules)
+    base_id = "base:" + fingerprint({"policy_server": "vllm", "base_model": settings.base_model})
+    base = PolicyUnderTest(
+        server.endpoint(server.base_name),
+        base_id,
+        f"untrained base policy ({settings.base_model}, served as {server.base_name})",
+    )
+
+    def put(system: str) -> PolicyUnderTest | None:
+        if system not in names:
+            return None
+        variant, label, folder = labels[system]
+        return PolicyUnderTest(server.endpoint(names[system]), variant, label, adapter_dir=folder)
+
+    conductor = put("conductor")
+    if conductor is None:
+        note = (
+            f"no trained adapter: {reference or 'no adapter configured'} does not resolve, "
+            "so the untrained base policy is evaluated as the conductor"
+        )
+        logger.warning("evaluation: %s", note)
+        conductor = PolicyUnderTest(base.policy, base_id, f"BASE POLICY ({note})")
+    return ServedConductors(
+        server=server,
+        conductor=conductor,
+        base=base if config.wants("base-policy") else None,
+        champion=put("champion"),
+        warm_start=put("warm-start"),
     )
 
 
@@ -239,6 +433,7 @@ def run_evaluation(
     worker_credentials: dict[str, Any],
     conductor_params: dict[str, Any],
     evaluation_params: dict[str, Any],
+    serving_params: dict[str, Any] | None = None,
     conductor_model_version: dict[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Evaluate every configured system on the selected test questions; finished pairs in
@@ -246,7 +441,8 @@ def run_evaluation(
 
     ``conductor_model_version`` (training's output, in the default pipeline) names the
     version just registered: it is the Conductor evaluated, unless
-    ``evaluation.conductor.adapter`` says otherwise."""
+    ``evaluation.conductor.adapter`` says otherwise. ``serving_params`` (``serving``) say
+    how to launch the policy server when ``evaluation.policy_server`` is ``vllm``."""
     from conductor_pipeline.workers.runtime import open_worker_pool
     from conductor_pipeline.workflow.config import orchestration_config
 
@@ -256,8 +452,21 @@ def run_evaluation(
     test = evaluation_questions(config, test_tasks, train_tasks, validation_tasks)
     validation = select_tasks(_tasks(validation_tasks), config.validation_per_domain, config.seed)
     candidate = (conductor_model_version or {}).get("model_uri")
-    conductor, base = build_policies(conductor_params, config, candidate)
-    warm_start = warm_start_policy(conductor, conductor_params, config)
+    launch = contextlib.nullcontext()
+    served_names: dict[str, str] = {}
+    if config.policy_server == "vllm":
+        plan = served_conductors(conductor_params, config, serving_params, candidate)
+        conductor, base, champion, warm_start = (
+            plan.conductor,
+            plan.base,
+            plan.champion,
+            plan.warm_start,
+        )
+        launch, served_names = plan.server, plan.served_names
+    else:
+        conductor, base = build_policies(conductor_params, config, candidate)
+        warm_start = warm_start_policy(conductor, conductor_params, config)
+        champion = champion_policy(conductor, conductor_params, config)
     store_path = Path(config.store) if Path(config.store).is_absolute() else root / config.store
     store = ResultStore(store_path)
     logger.info(
@@ -269,7 +478,7 @@ def run_evaluation(
         len(store),
         store_path,
     )
-    with open_worker_pool(worker_pool_config, worker_credentials, root=root) as pool:
+    with launch, open_worker_pool(worker_pool_config, worker_credentials, root=root) as pool:
         view = PoolView.from_pool(pool)
         run = asyncio.run(
             evaluate(
@@ -280,6 +489,7 @@ def run_evaluation(
                 conductor=conductor,
                 base_policy=base,
                 warm_start=warm_start,
+                champion=champion,
                 validation_tasks=validation,
                 store=store,
                 pool_id=pool_fingerprint(worker_pool_config, root),
@@ -288,6 +498,10 @@ def run_evaluation(
     info = {**run.info, "conductor_variant": conductor.variant, "store": str(store_path)}
     if warm_start is not None:
         info["warm_start_variant"] = warm_start.variant
+    if champion is not None:
+        info["champion_variant"] = champion.variant
+    if served_names:
+        info["policy_server_models"] = served_names
     info["conductor_is_base_policy"] = base is not None and conductor.variant == base.variant
     logger.info(
         "evaluation: %d pairs run, %d reused from the store",

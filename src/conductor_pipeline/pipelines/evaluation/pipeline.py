@@ -30,6 +30,7 @@ def create_pipeline(*, after_training: bool = False, **kwargs) -> Pipeline:
                     "worker_credentials",
                     "params:conductor",
                     "params:evaluation",
+                    "params:serving",
                     *candidate,
                 ],
                 ["evaluation_results", "evaluation_run_info"],
