@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -137,6 +138,38 @@ def test_real_worker_generates_text(sandbox):
     assert elapsed < 90
     again = httpx.post(f"{sandbox.base_url}/chat/completions", json=body, timeout=120).json()
     assert again["choices"][0]["message"]["content"] == data["choices"][0]["message"]["content"]
+
+
+def test_concurrent_real_requests_share_a_batch_and_keep_their_own_text(sandbox):
+    prompts = ["Name three colours.", "Name a fruit.", "What is two plus two?", "Say hello."]
+
+    def body(i: int) -> dict:
+        return {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": prompts[i]}],
+            "temperature": 0.7 if i % 2 else 0,
+            "seed": 100 + i,
+            "max_tokens": 8 + i,
+        }
+
+    def ask(i: int) -> dict:
+        response = httpx.post(f"{sandbox.base_url}/chat/completions", json=body(i), timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    before = httpx.get(f"{sandbox.url}/health", timeout=10).json()["real_model_batches"]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(ask, range(len(prompts))))
+    health = httpx.get(f"{sandbox.url}/health", timeout=10).json()
+    # four requests in flight at once need fewer than four generate calls
+    assert health["real_model_batches"] - before < len(prompts)
+    assert health["real_model_max_batch"] >= 2
+    for i, reply in enumerate(together):
+        assert 0 < reply["usage"]["completion_tokens"] <= 8 + i
+        alone = ask(i)  # the same request on its own: same seed, same text
+        assert (
+            alone["choices"][0]["message"]["content"] == reply["choices"][0]["message"]["content"]
+        )
 
 
 def test_errors_over_http(sandbox):

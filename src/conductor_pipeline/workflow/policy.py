@@ -138,23 +138,13 @@ class LocalPolicy:
     ) -> list[PolicyCompletion]:
         import torch
 
+        from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+
         self.load()
         tokenizer, model = self._tokenizer, self._model
-        rows, prefilled = [], []
-        for messages in conversations:
-            chat = [
-                {"role": m.get("role", "user"), "content": str(m.get("content") or "")}
-                for m in messages
-            ]
-            is_prefill = bool(chat) and chat[-1]["role"] == "assistant"
-            ids = tokenizer.apply_chat_template(
-                chat,
-                add_generation_prompt=not is_prefill,
-                continue_final_message=is_prefill,
-                return_dict=True,
-            )["input_ids"]
-            rows.append(list(ids))
-            prefilled.append(is_prefill)
+        encoded = [encode_chat(tokenizer, messages) for messages in conversations]
+        rows = [ids for ids, _ in encoded]
+        prefilled = [is_prefill for _, is_prefill in encoded]
         pad = tokenizer.pad_token_id
         # Conductor prompts share a long opening (rules, workers, examples): its keys and
         # values are computed once and reused; each row then holds [shared | pads | own tokens]
@@ -168,19 +158,7 @@ class LocalPolicy:
             [[1] * shared + [0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows]
         )
         width += shared
-        generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
-
-        def sample_per_row(_input_ids: Any, scores: Any) -> Any:
-            # one draw per row from that row's generator; greedy decoding then takes it
-            if not temperature or temperature <= 0:
-                return scores
-            probs = torch.softmax(scores.float() / float(temperature), dim=-1)
-            picked = torch.stack(
-                [torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(generators)]
-            )
-            forced = torch.full_like(scores, float("-inf"))
-            forced[torch.arange(scores.shape[0]), picked] = 0.0
-            return forced
+        sampler = RowSampler([temperature] * len(rows), seeds)
 
         start = time.perf_counter()
         with self._generate_lock, torch.inference_mode():
@@ -193,7 +171,7 @@ class LocalPolicy:
                 **extra,
                 max_new_tokens=int(max_tokens),
                 do_sample=False,
-                logits_processor=[sample_per_row],
+                logits_processor=[sampler],
                 pad_token_id=pad,
                 eos_token_id=tokenizer.eos_token_id,
             )

@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -94,21 +95,37 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
 
 
 class _RealWorkers:
-    """Loads SmolLM2 in a background thread and runs one generation at a time."""
+    """Loads SmolLM2 in a background thread and answers its requests in batches.
+
+    Requests that arrive while a batch is generating wait for the next one (at most
+    ``max_batch`` rows), so concurrent callers share the model's forward passes: on two CPU
+    cores a batch of 8 replies costs about as much as 2-3 single ones. Each row keeps its own
+    seed, temperature and token limit (``generate_chat_batch``).
+    """
 
     def __init__(
-        self, profiles: Sequence[RealProfile], cache_dir: Path | None, torch_threads: int | None
+        self,
+        profiles: Sequence[RealProfile],
+        cache_dir: Path | None,
+        torch_threads: int | None,
+        max_batch: int = 8,
     ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
         self.profiles = {p.name: p for p in profiles}
         self.cache_dir = cache_dir
         self.torch_threads = torch_threads
+        self.max_batch = max_batch
         self.model: Any = None
         self.tokenizer: Any = None
         self.error: str | None = None
         self.ready = threading.Event()
         self.load_seconds: float | None = None
-        self._lock = threading.Lock()
+        self.batch_sizes: list[int] = []  # one entry per generate call, for tests and /health
+        self._pending: list[tuple[list[dict[str, Any]], int, float, int, Future]] = []
+        self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._batcher: threading.Thread | None = None
 
     def start_loading(self) -> None:
         if self._thread is None and not self.ready.is_set():
@@ -132,20 +149,52 @@ class _RealWorkers:
         finally:
             self.ready.set()
 
-    def generate(
+    def submit(
         self, messages: list[dict[str, Any]], max_new_tokens: int, temperature: float, seed: int
-    ) -> tuple[str, int, int]:
-        from conductor_pipeline.workers.local_model import generate_chat
+    ) -> Future:
+        """Queue one reply; the future resolves to ``(text, prompt_tokens, completion_tokens)``."""
+        future: Future = Future()
+        with self._wakeup:
+            if self._batcher is None:
+                self._batcher = threading.Thread(
+                    target=self._serve_batches, name="sandbox-model-batches", daemon=True
+                )
+                self._batcher.start()
+            self._pending.append((messages, max_new_tokens, temperature, seed, future))
+            self._wakeup.notify()
+        return future
 
-        with self._lock:
-            self._set_threads()
-            return generate_chat(
-                self.model, self.tokenizer, messages, max_new_tokens, temperature, seed
-            )
+    def _serve_batches(self) -> None:
+        from conductor_pipeline.workers.local_model import generate_chat_batch
+
+        self._set_threads()
+        while True:
+            with self._wakeup:
+                while not self._pending:
+                    self._wakeup.wait()
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+            try:
+                replies = generate_chat_batch(
+                    self.model,
+                    self.tokenizer,
+                    [b[0] for b in batch],
+                    [b[1] for b in batch],
+                    [b[2] for b in batch],
+                    [b[3] for b in batch],
+                )
+            except Exception as exc:  # each waiting request gets the error, the loop goes on
+                log.exception("sandbox: SmolLM2 generation failed for a batch of %d", len(batch))
+                for *_, future in batch:
+                    future.set_exception(exc)
+                continue
+            self.batch_sizes.append(len(batch))
+            for (*_, future), reply in zip(batch, replies, strict=True):
+                future.set_result(reply)
 
     def _set_threads(self) -> None:
         # Per calling thread: OpenMP keeps the thread count per thread, and generation runs
-        # in a pool thread.
+        # in its own thread.
         if self.torch_threads:
             import torch
 
@@ -161,6 +210,7 @@ def create_app(
     load_real_model: bool = True,
     model_cache_dir: Path | None = None,
     torch_threads: int | None = 1,
+    real_max_batch: int = 8,
 ) -> FastAPI:
     """The sandbox's FastAPI app.
 
@@ -171,12 +221,13 @@ def create_app(
     ``torch_threads`` caps torch's CPU threads in this process (default 1: the sandbox
     shares its cores with the pipeline, and on an oversubscribed 2-core machine SmolLM2 ran
     5-10x faster with one thread than with two); ``None`` leaves torch's default.
+    ``real_max_batch`` caps how many concurrent real-worker requests share one generation.
     """
     if latency_scale < 0:
         raise ValueError("latency_scale must be >= 0")
     index = TaskIndex(tasks)
     sims = {p.name: SimulatedWorker(p, index, base_seed=seed) for p in profiles.simulated}
-    real = _RealWorkers(profiles.real, model_cache_dir, torch_threads)
+    real = _RealWorkers(profiles.real, model_cache_dir, torch_threads, real_max_batch)
     loading = load_real_model and bool(profiles.real)
     if not loading:
         real.ready.set()
@@ -205,6 +256,9 @@ def create_app(
                 "workers": profiles.names,
                 "tasks": len(index),
                 "real_model_loaded": real.model is not None,
+                # generate calls of the real model and the largest batch one of them served
+                "real_model_batches": len(real.batch_sizes),
+                "real_model_max_batch": max(real.batch_sizes, default=0),
             }
         )
 
@@ -297,8 +351,8 @@ def create_app(
                 )
             limit = min(max_tokens or profile.max_tokens, profile.max_tokens)
             chat = [{"role": m["role"], "content": message_text(m)} for m in messages]
-            text, prompt_tokens, completion_tokens = await asyncio.to_thread(
-                real.generate, chat, limit, temperature, request_seed
+            text, prompt_tokens, completion_tokens = await asyncio.wrap_future(
+                real.submit(chat, limit, temperature, request_seed)
             )
             finish = "length" if completion_tokens >= limit else "stop"
             return _completion(
