@@ -104,7 +104,7 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
     db = project / "mlruns" / "mlflow.db"
     with sqlite3.connect(db) as conn:
         metrics = dict(conn.execute("SELECT key, value FROM metrics").fetchall())
-        params = {k for (k,) in conn.execute("SELECT key FROM params").fetchall()}
+        params = dict(conn.execute("SELECT key, value FROM params").fetchall())
         traces = conn.execute("SELECT COUNT(*) FROM trace_info").fetchone()[0]
     assert metrics["eval.conductor.accuracy"] == pytest.approx(
         summary.set_index("system").loc["conductor", "accuracy"]
@@ -112,7 +112,11 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
     assert "eval.conductor_recursion.accuracy" in metrics
     assert "eval.solo:sim-sage.p_value_vs_conductor" in metrics
     assert "evaluation.test_per_domain" in params
-    assert not any("credential" in p or "api_key" in p for p in params)
+    # Settings about keys may be logged (which variable holds one, whether one is required);
+    # nothing else that names a credential, and no value that looks like a key.
+    about_keys = {p: v for p, v in params.items() if "credential" in p or "api_key" in p}
+    assert all(p.endswith(("api_key_env", "require_api_key")) for p in about_keys), about_keys
+    assert all(v.isupper() or v in {"True", "False"} for v in about_keys.values()), about_keys
     assert traces == 2
     artifacts = {p.name for p in (project / "mlruns").rglob("*") if p.is_file()}
     assert {
