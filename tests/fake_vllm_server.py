@@ -9,9 +9,10 @@ as vLLM requires), ``--host``, ``--port`` — and answers like vLLM does:
 - ``POST /v1/chat/completions`` for a served name: a parseable one-step workflow (the
   scripted rule's text), with usage; for any other name a 404 with vLLM's error shape.
 
-Every chat request's ``model`` is appended, as one JSON line, to the file named by the
+Every chat request's ``model``, with the adapter folder served under that name (``null``
+for the base or an unknown name), is appended as one JSON line to the file named by the
 environment variable ``FAKE_VLLM_RECORD`` (requests for unknown names too), so a test can
-assert which models were asked for.
+assert which models, and which adapters, were asked for.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def main(argv: list[str]) -> None:
     if not argv or argv[0] != "serve" or len(argv) < 2:
         sys.exit("usage: fake_vllm_server.py serve BASE_MODEL [flags]")
     base = _flag(argv, "--served-model-name", argv[1])
-    served = {base, *_lora_modules(argv)}
+    adapters = _lora_modules(argv)
+    served = {base, *adapters}
     record = os.environ.get("FAKE_VLLM_RECORD")
     host = _flag(argv, "--host", "127.0.0.1")
     port = int(_flag(argv, "--port", "8000"))
@@ -79,7 +81,7 @@ def main(argv: list[str]) -> None:
             model = request.get("model")
             if record:
                 with open(record, "a", encoding="utf-8") as out:
-                    out.write(json.dumps({"model": model}) + "\n")
+                    out.write(json.dumps({"model": model, "adapter": adapters.get(model)}) + "\n")
             if self.path != "/v1/chat/completions":
                 self._send(404, {"error": {"message": "not found"}})
                 return

@@ -8,21 +8,27 @@ would serve for the same command line and records every model name it is asked f
 are cut to a step of training and a question per benchmark.
 
 What it pins down: the evaluation of version N asks the policy server for version N's
-adapter, the champion's figures come from the champion's adapter, and the base-policy
-baseline asks for the base model by the name the server serves it under.
+adapter, the champion's figures come from the champion's adapter, the base-policy
+baseline asks for the base model by the name the server serves it under, and `conductor
+serve --env gpu` afterwards launches the server with the adapter of the version promotion
+left as champion and answers through it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import sys
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import pytest
 import yaml
+
+from tests.serving.conftest import ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "benchmarks"
@@ -216,3 +222,36 @@ def test_gpu_profile_evaluates_and_promotes_each_version_by_its_served_name(gpu_
     assert decision["version"] == candidate
     assert "evaluated alongside the challenger" in decision["champion_source"]
     assert decision["figures"]["champion"] is not None
+
+    # serving: `conductor serve --env gpu` launches the policy server with the champion the
+    # promotion left and answers through that adapter
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
+    champion_now = client.get_model_version_by_alias("conductor", "champion")
+    record.write_text("")
+    key = "gpu-profile-test-key"
+    env = {**os.environ, "CONDUCTOR_API_KEY": key, "PYTHONUNBUFFERED": "1"}
+    server = ServeProcess(root, ["--env", "gpu"], env).start(timeout_s=180)
+    try:
+        response = httpx.post(
+            f"{server.base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "conductor", "messages": [{"role": "user", "content": "2 + 3 = ?"}]},
+            timeout=120,
+        )
+    finally:
+        server.stop()
+    assert response.status_code == 200, response.text + server.output
+    assert response.json()["conductor"]["model"]["version"] == str(champion_now.version)
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert calls and {c["model"] for c in calls} == {"conductor"}, calls
+    served_adapter = Path(calls[0]["adapter"])
+    registered = Path(
+        mlflow.artifacts.download_artifacts(champion_now.source, tracking_uri=client.tracking_uri)
+    )
+    registered_config = next(registered.rglob("adapter_config.json"))
+    assert (served_adapter / "adapter_config.json").read_bytes() == registered_config.read_bytes()
+    assert (served_adapter / "adapter_model.safetensors").read_bytes() == (
+        registered_config.parent / "adapter_model.safetensors"
+    ).read_bytes()
