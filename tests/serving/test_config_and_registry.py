@@ -63,6 +63,16 @@ def test_scripted_policy_kind():
         build_policy({"kind": "oracle"})
 
 
+def test_local_policy_thread_cap():
+    from conductor_pipeline.workflow import LocalPolicy
+
+    policy = build_policy({"kind": "local", "torch_threads": 1})
+    assert isinstance(policy, LocalPolicy) and policy.torch_threads == 1
+    assert build_policy({"kind": "local"}).torch_threads is None
+    with pytest.raises(ValueError, match="torch_threads"):
+        LocalPolicy(torch_threads=0)
+
+
 def test_scripted_policy_writes_one_step_with_the_question():
     async def pool(worker, messages, sample_index=0):
         from conductor_pipeline.workers.types import Usage, WorkerReply

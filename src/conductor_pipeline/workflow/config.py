@@ -43,6 +43,7 @@ _SECTION_KEYS = {
         "api_key_env",
         "timeout_s",
         "worker",
+        "torch_threads",
     },
     "sampling": {"temperature", "max_tokens", "seed"},
     # every PromptConfig field except the descriptions, which come from the pool
@@ -122,7 +123,12 @@ def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -
     """
     kind = policy.get("kind", "local")
     if kind == "local":
-        return LocalPolicy(model_dir=policy.get("model_dir"), adapter_dir=adapter_dir)
+        threads = policy.get("torch_threads")
+        return LocalPolicy(
+            model_dir=policy.get("model_dir"),
+            adapter_dir=adapter_dir,
+            torch_threads=int(threads) if threads else None,
+        )
     if kind == "endpoint":
         for key in ("model", "api_base"):
             if not policy.get(key):

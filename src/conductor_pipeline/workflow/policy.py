@@ -43,7 +43,10 @@ class LocalPolicy:
 
     ``model_dir`` is a Hugging Face model folder; ``None`` means the SmolLM2 copy that
     :func:`conductor_pipeline.workers.local_model.load_smollm2` prepares offline.
-    ``adapter_dir`` is a PEFT LoRA adapter folder trained on top of it.
+    ``adapter_dir`` is a PEFT LoRA adapter folder trained on top of it. ``torch_threads``
+    caps torch's CPU threads for its generations (``None``: torch's default); on a small
+    machine shared with the sandbox's real worker, one thread each keeps the two processes
+    from oversubscribing the cores, which slows both by far more than it saves.
     """
 
     def __init__(
@@ -51,7 +54,11 @@ class LocalPolicy:
         model_dir: str | Path | None = None,
         adapter_dir: str | Path | None = None,
         name: str | None = None,
+        torch_threads: int | None = None,
     ):
+        if torch_threads is not None and torch_threads < 1:
+            raise ValueError(f"LocalPolicy: torch_threads must be >= 1, got {torch_threads}")
+        self.torch_threads = torch_threads
         self.model_dir = Path(model_dir) if model_dir else None
         self.adapter_dir = Path(adapter_dir) if adapter_dir else None
         self.name = name or (
@@ -90,6 +97,7 @@ class LocalPolicy:
         from conductor_pipeline.workers.local_model import generate_chat
 
         self.load()
+        self._set_threads()
         start = time.perf_counter()
         with self._generate_lock:
             text, prompt_tokens, completion_tokens = generate_chat(
@@ -141,6 +149,7 @@ class LocalPolicy:
         from conductor_pipeline.workers.local_model import RowSampler, encode_chat
 
         self.load()
+        self._set_threads()
         tokenizer, model = self._tokenizer, self._model
         encoded = [encode_chat(tokenizer, messages) for messages in conversations]
         rows = [ids for ids, _ in encoded]
@@ -186,6 +195,14 @@ class LocalPolicy:
             text = text.rstrip() if prefilled[i] else text.strip()
             completions.append(PolicyCompletion(text, len(row), len(new), latency))
         return completions
+
+    def _set_threads(self) -> None:
+        # per calling thread: generations run in worker threads, and OpenMP keeps the thread
+        # count per thread
+        if self.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
 
     def _shared_prefix(self, rows: list[list[int]]) -> int:
         """How many leading tokens come from a cache: the kept opening when every row starts
