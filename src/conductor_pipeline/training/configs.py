@@ -224,9 +224,7 @@ class SFTSettings:
     learning_rate: float = 2e-3
     max_length: int = 1280
     routing: str = "random"
-    shapes: Mapping[str, float] = field(
-        default_factory=lambda: {"single": 0.7, "solve_check": 0.3}
-    )
+    shapes: Mapping[str, float] = field(default_factory=lambda: {"single": 0.7, "solve_check": 0.3})
     domain_workers: Mapping[str, str] = field(default_factory=dict)
     default_worker: str = "sim-sage"
     verifier_worker: str = "sim-sage"
