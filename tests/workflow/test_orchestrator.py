@@ -82,6 +82,23 @@ async def test_parse_failures_resample_with_fresh_seeds_then_succeed():
     assert len({seed for _, seed in policy.calls}) == 3
 
 
+async def test_each_question_draws_its_own_sample_and_reruns_repeat_it():
+    """A sampled Conductor must not repeat one random draw on every question: the seed
+    depends on the question (and on the configured seed), and is the same on a rerun."""
+    questions = [f"question {i}" for i in range(20)]
+
+    async def seeds_for(config: OrchestrationConfig) -> list[int]:
+        policy = ScriptedPolicy(*[GOOD] * len(questions))
+        for q in questions:
+            await orchestrate(q, policy, EchoPool(), WORKERS, config=config)
+        return [seed for _, seed in policy.calls]
+
+    first = await seeds_for(OrchestrationConfig())
+    assert len(set(first)) == len(questions)
+    assert await seeds_for(OrchestrationConfig()) == first
+    assert set(await seeds_for(OrchestrationConfig(seed=1))).isdisjoint(first)
+
+
 async def test_parse_retry_exhaustion_is_a_format_failure_and_calls_no_worker():
     pool = EchoPool()
     config = OrchestrationConfig(max_parse_attempts=3)
