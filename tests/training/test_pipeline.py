@@ -67,13 +67,18 @@ def test_train_and_register_a_conductor_version(tiny_model_dir, tmp_path, monkey
     }
     frame = pd.DataFrame([t.to_record() for t in tasks])
     with mlflow.start_run() as run:
-        info, history = training_nodes.train_conductor_node(
+        info, history, sft_history = training_nodes.train_conductor_node(
             frame, params, {"few_shot": []}, {"kind": "sandbox"}, {}
         )
         version = training_nodes.register_conductor(info)
     assert info["global_step"] == 1 and info["sft"]["steps"] == 1
     assert list(history["step"]) == [1.0]
+    # the SFT loss curve: one row per step in the output, and step-indexed in MLflow
+    assert list(sft_history.columns) == list(training_nodes.SFT_HISTORY_COLUMNS)
+    assert list(sft_history["step"]) == [1.0] and sft_history["loss"].notna().all()
     client = mlflow.MlflowClient()
+    loss_steps = client.get_metric_history(run.info.run_id, "sft/loss")
+    assert [(m.step, m.value) for m in loss_steps] == [(1, sft_history["loss"].iloc[0])]
     metrics = client.get_run(run.info.run_id).data.metrics
     assert "grpo/reward/mean" in metrics and "grpo/rollouts/parse_rate" in metrics
     assert version["version"] == "1" and version["name"] == "conductor"

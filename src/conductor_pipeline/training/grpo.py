@@ -568,6 +568,8 @@ class TrainingResult:
     sft: dict[str, Any] | None = None
     recursion_steps: int = 0
     start_adapter: str | None = None
+    # per-step SFT warm-start records (step, loss, grad_norm, learning_rate); not in to_dict
+    sft_history: list[dict[str, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -678,6 +680,11 @@ def _run_grpo_stage(
         peft_config=peft_config,
         callbacks=[metrics_cb, *callbacks],
     )
+    # one bar per stage (step/total, ETA, reward mean, parse rate) instead of TRL's log dicts;
+    # added after metrics_cb, whose record of the step the bar reads
+    from conductor_pipeline.training.progress import grpo_postfix, install_progress
+
+    install_progress(trainer, stage.upper(), grpo_postfix(history, prefix=f"{stage}/"))
     if recursion:
         reward.recursion_policy = TrainerPolicy(
             trainer.model,
@@ -780,6 +787,7 @@ def train_conductor(
 
     init_adapter: Path | None = Path(start_adapter) if start_adapter else None
     sft_info: dict[str, Any] | None = None
+    sft_history: list[dict[str, float]] = []
     if init_adapter is not None:
         log.info("continuing from adapter %s (no SFT warm start)", init_adapter)
     elif config.sft.enabled:
@@ -813,7 +821,9 @@ def train_conductor(
                 config,
                 sft_dir,
                 peft_config=lora_config(config, _num_layers(model)),
+                log_metrics=log_metrics,  # sft/loss per step
             )
+            sft_history = result.history
             sft_info = {
                 "adapter_dir": str(result.adapter_dir),
                 "steps": result.steps,
@@ -905,6 +915,7 @@ def train_conductor(
         sft=sft_info,
         recursion_steps=recursion_steps,
         start_adapter=str(start_adapter) if start_adapter else None,
+        sft_history=sft_history,
     )
     if main_process:
         (adapter_dir / ADAPTER_INFO_FILE).write_text(json.dumps(result.to_dict(), indent=2))

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from conductor_pipeline.training.configs import SFTSettings, TrainingConfig
 from conductor_pipeline.training.planner import ReferencePlanner
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
 
-__all__ = ["SFTResult", "build_sft_examples", "completion_loss", "run_sft"]
+__all__ = ["SFTResult", "build_sft_examples", "completion_loss", "run_sft", "sft_loss_recorder"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,43 @@ class SFTResult:
     final_loss: float | None
     n_examples: int
     skipped: bool = False
+    # one record per logged step: step, loss, grad_norm, learning_rate (the loss curve)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+_SFT_KEYS = ("loss", "grad_norm", "learning_rate")
+
+
+def sft_loss_recorder(
+    history: list[dict[str, float]],
+    log_metrics: Callable[[Mapping[str, float], int], None] | None = None,
+) -> Any:
+    """A ``TrainerCallback`` that appends every logged SFT step (``step``, ``loss``,
+    ``grad_norm``, ``learning_rate``) to ``history`` and sends the loss to ``log_metrics``
+    as ``sft/loss`` at that step (MLflow, step-indexed). Only the main process reports."""
+    import math
+
+    from transformers import TrainerCallback
+
+    class SFTLossRecorder(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
+            logs = logs or {}
+            if "loss" not in logs or not getattr(state, "is_world_process_zero", True):
+                return  # the end-of-training summary has ``train_loss``, not ``loss``
+            step = int(state.global_step)
+            record = {"step": float(step)}
+            for key in _SFT_KEYS:
+                value = logs.get(key)
+                if isinstance(value, int | float) and math.isfinite(value):
+                    record[key] = float(value)
+            history.append(record)
+            if log_metrics is not None and "loss" in record:
+                try:
+                    log_metrics({"sft/loss": record["loss"]}, step)
+                except Exception as exc:  # metrics must never stop training
+                    log.warning("log_metrics failed at SFT step %d: %s", step, exc)
+
+    return SFTLossRecorder()
 
 
 def build_sft_examples(
@@ -129,9 +166,14 @@ def run_sft(
     *,
     peft_config: Any = None,
     use_cpu: bool = True,
+    log_metrics: Callable[[Mapping[str, float], int], None] | None = None,
+    show_progress: bool = True,
 ) -> SFTResult:
     """Fine-tune ``model`` (wrapped with ``peft_config`` when given) on ``examples`` and
-    save the adapter to ``output_dir/adapter``. Returns what happened."""
+    save the adapter to ``output_dir/adapter``. Returns what happened.
+
+    ``log_metrics(metrics, step)`` gets ``sft/loss`` every step; ``show_progress`` draws
+    the stage's progress bar (step/total, ETA, loss) instead of the trainer's log dicts."""
     from datasets import Dataset
     from trl import SFTConfig
 
@@ -158,16 +200,21 @@ def run_sft(
         use_cpu=use_cpu,
         bf16=config.grpo.bf16 and not use_cpu,
         gradient_checkpointing=config.grpo.gradient_checkpointing,
-        disable_tqdm=True,
+        disable_tqdm=True,  # our bar (training/progress.py) replaces the stock one
         dataloader_num_workers=0,
     )
+    history: list[dict[str, float]] = []
     trainer = _trainer_class()(
         model=model,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
+        callbacks=[sft_loss_recorder(history, log_metrics)],
     )
+    from conductor_pipeline.training.progress import install_progress, sft_postfix
+
+    install_progress(trainer, "SFT", sft_postfix, enabled=None if show_progress else False)
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
@@ -192,4 +239,5 @@ def run_sft(
         seconds=seconds,
         final_loss=float(losses[-1]) if losses else None,
         n_examples=len(rows),
+        history=history,
     )

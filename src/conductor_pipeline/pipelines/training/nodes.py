@@ -26,6 +26,8 @@ from conductor_pipeline.workers.runtime import open_worker_pool
 logger = logging.getLogger(__name__)
 
 REGISTERED_MODEL = "conductor"
+# columns of the ``sft_history`` output (data/08_reporting/sft_history.csv)
+SFT_HISTORY_COLUMNS = ("step", "loss", "grad_norm", "learning_rate")
 # What the registered pyfunc model needs at load time (torch/transformers pinned as in
 # pyproject; without explicit requirements MLflow tries to infer them and fails).
 PIP_REQUIREMENTS = ["torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "conductor-pipeline"]
@@ -63,15 +65,17 @@ def train_conductor_node(
     worker_pool_config: dict[str, Any],
     worker_credentials: dict[str, Any],
     start_from: str | None = None,
-) -> tuple[dict[str, Any], pd.DataFrame]:
+) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     """SFT warm start (optional) + GRPO (+ recursion stage) on the train split.
 
     ``start_from`` (retraining): a registry reference such as ``models:/conductor@champion``
     or a LoRA folder to continue from instead of the warm start; a reference that does not
     resolve yet (no champion in a fresh project) trains from the base model.
 
-    Returns the adapter info (where the adapter is, fingerprints, timings) and the per-step
-    metrics history; per-step metrics also go live to the MLflow run.
+    Returns the adapter info (where the adapter is, fingerprints, timings), the per-step
+    GRPO metrics history and the per-step SFT history (``SFT_HISTORY_COLUMNS``; no rows
+    without a warm start); per-step metrics also go live to the MLflow run (``grpo/…``,
+    ``sft/loss``).
     """
     config = TrainingConfig.from_params(params)
     tasks = _tasks(train_tasks)
@@ -98,7 +102,8 @@ def train_conductor_node(
         result.seconds.get("total", 0.0),
         result.adapter_dir,
     )
-    return info, pd.DataFrame(result.history)
+    sft_history = pd.DataFrame(result.sft_history, columns=list(SFT_HISTORY_COLUMNS))
+    return info, pd.DataFrame(result.history), sft_history
 
 
 def register_conductor(adapter_info: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ def create_pipeline(start_from: str | None = None, **kwargs) -> Pipeline:
             Node(
                 train_conductor_node,
                 inputs + ([start_from] if start_from else []),
-                ["conductor_adapter_info", "training_history"],
+                ["conductor_adapter_info", "training_history", "sft_history"],
                 name="train_conductor",
             ),
             Node(
