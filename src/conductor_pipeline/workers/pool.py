@@ -185,6 +185,9 @@ class WorkerPool:
             weakref.WeakKeyDictionary()
         )
         self._cost_warned: set[str] = set()
+        # ``async (question) -> QuestionCheck | None``: set by ``open_worker_pool`` for a
+        # sandbox with simulated workers, which only know the prepared tasks; None otherwise
+        self.question_check: Any = None
 
         model_list = []
         retry_policies = {}

@@ -18,6 +18,11 @@ The ``worker_pool`` configuration (``conf/*/workers.yml``)::
       workers: []                   # kind: configured (see conductor_pipeline.workers.config)
 
 Relative paths are resolved against the project root.
+
+A sandbox pool that holds simulated ``sim-*`` workers gets a ``question_check`` (a
+:class:`~conductor_pipeline.workers.sandbox.SandboxQuestionCheck`): those workers only know
+the prepared tasks, so callers ask it whether a question is one and warn when it is not.
+Any other pool's ``question_check`` stays None.
 """
 
 from __future__ import annotations
@@ -120,8 +125,9 @@ def open_worker_pool(
     with contextlib.ExitStack() as stack:
         if cache is not None:
             stack.callback(cache.close)
+        question_check = None
         if config["kind"] == "sandbox":
-            entries = _sandbox_entries(config.get("sandbox") or {}, root, stack)
+            entries, question_check = _sandbox_entries(config.get("sandbox") or {}, root, stack)
             pool_config: Any = {"workers": entries, "defaults": config.get("defaults") or {}}
         else:
             pool_config = {
@@ -135,6 +141,7 @@ def open_worker_pool(
             usage_log_path=usage_log,
             provider_faults=provider_faults,
         )
+        pool.question_check = question_check
         stack.callback(lambda: asyncio.run(pool.aclose()))
         if fault_rates:
             yield _FaultyPool(pool, FaultInjector(pool, dict(fault_rates), seed=fault_seed))
@@ -144,8 +151,14 @@ def open_worker_pool(
 
 def _sandbox_entries(
     sandbox: Mapping[str, Any], root: Path, stack: contextlib.ExitStack
-) -> list[dict[str, Any]]:
-    from conductor_pipeline.workers.sandbox import SandboxServer
+) -> tuple[list[dict[str, Any]], Any]:
+    """The started sandbox's worker entries, and its question check when the selected
+    workers include simulated ones (None when only real models answer)."""
+    from conductor_pipeline.workers.sandbox import (
+        SandboxQuestionCheck,
+        SandboxServer,
+        load_profiles,
+    )
 
     tasks = [_resolve(root, path) for path in sandbox.get("tasks") or []]
     missing = [str(path) for path in tasks if not path.is_file()]
@@ -163,7 +176,11 @@ def _sandbox_entries(
         torch_threads=sandbox.get("torch_threads", 1),
     )
     stack.enter_context(server)
-    return _select(server.pool_config(), sandbox.get("workers"))
+    entries = _select(server.pool_config(), sandbox.get("workers"))
+    simulated = {profile.name for profile in load_profiles(server.profiles_path).simulated}
+    if any(entry["name"] in simulated for entry in entries):
+        return entries, SandboxQuestionCheck(server.url)
+    return entries, None
 
 
 class _FaultyPool:

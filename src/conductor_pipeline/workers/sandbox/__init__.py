@@ -18,6 +18,12 @@ from conductor_pipeline.workers.sandbox.profiles import (
     parse_profiles,
     sandbox_pool_config,
 )
+from conductor_pipeline.workers.sandbox.questions import (
+    UNKNOWN_QUESTION_WARNING,
+    QuestionCheck,
+    SandboxQuestionCheck,
+    recognise,
+)
 from conductor_pipeline.workers.sandbox.server import (
     SandboxServer,
     SandboxStartError,
@@ -28,9 +34,12 @@ from conductor_pipeline.workers.sandbox.server import (
 from conductor_pipeline.workers.sandbox.simulated import SimulatedWorker, TaskIndex
 
 __all__ = [
+    "UNKNOWN_QUESTION_WARNING",
     "ProfileError",
+    "QuestionCheck",
     "RealProfile",
     "SandboxProfiles",
+    "SandboxQuestionCheck",
     "SandboxServer",
     "SandboxStartError",
     "SimulatedProfile",
@@ -41,6 +50,7 @@ __all__ = [
     "load_profiles",
     "load_tasks",
     "parse_profiles",
+    "recognise",
     "sandbox_pool_config",
     "serve",
 ]

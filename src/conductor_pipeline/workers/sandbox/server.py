@@ -41,6 +41,7 @@ from conductor_pipeline.workers.sandbox.profiles import (
     load_profiles,
     sandbox_pool_config,
 )
+from conductor_pipeline.workers.sandbox.questions import RECOGNISE_PATH, recognise
 from conductor_pipeline.workers.sandbox.simulated import SimulatedWorker, TaskIndex, message_text
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,24 @@ def create_app(
                 "real_model_max_batch": max(real.batch_sizes, default=0),
             }
         )
+
+    @app.post(RECOGNISE_PATH)
+    async def recognise_question(request: Request) -> JSONResponse:
+        # Not part of the OpenAI API: lets a client warn that the simulated workers will
+        # make up an answer to a question that is none of the prepared tasks.
+        try:
+            raw = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON", kind="invalid_request_error")
+        text = raw.get("text") if isinstance(raw, dict) else None
+        if not isinstance(text, str):
+            return _error(
+                400,
+                'expected a JSON object {"text": "<question>"}',
+                kind="invalid_request_error",
+                param="text",
+            )
+        return JSONResponse(content={**recognise(index, text).to_dict(), "tasks": len(index)})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

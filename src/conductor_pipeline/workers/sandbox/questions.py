@@ -1,0 +1,93 @@
+"""Does the sandbox know a question? The simulated ``sim-*`` workers run no model: they can
+only answer the prepared tasks loaded by the sandbox server (see ``simulated.py``). Asked
+anything else, they reply with plausible but made-up answers, so a caller has to be told.
+
+* :func:`recognise` decides it on the server's :class:`TaskIndex` (``POST /sandbox/recognise``);
+* :class:`SandboxQuestionCheck` asks a running sandbox server, for ``conductor ask`` and the
+  Conductor API (``open_worker_pool`` attaches one to a sandbox pool with simulated workers).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from conductor_pipeline.workers.sandbox.simulated import VISIBLE_SHARE, TaskIndex
+
+log = logging.getLogger(__name__)
+
+RECOGNISE_PATH = "/sandbox/recognise"
+
+# ASCII only: the text also travels as an HTTP header (X-Conductor-Warning).
+UNKNOWN_QUESTION_WARNING = (
+    "This question is not one of the sandbox's prepared tasks. The simulated sim-* workers "
+    "only know those, so their answer to it is made up. Ask a prepared question "
+    "(`conductor ask --sample` draws one), or configure real workers "
+    '(README, "Adding a real provider").'
+)
+
+
+@dataclass(frozen=True)
+class QuestionCheck:
+    """What the sandbox knows about a question.
+
+    ``known``: a prepared task's question is visible in it (the share of the task's word
+    6-grams present reaches the share at which simulated workers answer it for real);
+    ``task_id`` and ``coverage`` describe the best matching task, if any.
+    """
+
+    known: bool
+    task_id: str | None = None
+    coverage: float = 0.0
+
+    @property
+    def warning(self) -> str | None:
+        """The notice to show the person asking, or None for a known question."""
+        return None if self.known else UNKNOWN_QUESTION_WARNING
+
+    def to_dict(self) -> dict[str, object]:
+        return {"known": self.known, "task_id": self.task_id, "coverage": self.coverage}
+
+
+def recognise(index: TaskIndex, text: str) -> QuestionCheck:
+    """Whether ``text`` holds one of the prepared tasks in ``index``, the way a simulated
+    worker would see it (the same coverage threshold as a worker that solves it)."""
+    matches = index.scan(text)
+    if not matches:
+        return QuestionCheck(known=False)
+    best = matches[0]
+    return QuestionCheck(
+        known=best.coverage >= VISIBLE_SHARE,
+        task_id=best.task.id,
+        coverage=round(best.coverage, 4),
+    )
+
+
+class SandboxQuestionCheck:
+    """Asks a sandbox server at ``url`` (``http://127.0.0.1:<port>``) whether it knows a
+    question. Awaiting it returns a :class:`QuestionCheck`, or None when the server could not
+    say (the request failed): a notice must never fail the question itself."""
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:
+        return f"SandboxQuestionCheck({self.url!r})"
+
+    async def __call__(self, question: str) -> QuestionCheck | None:
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                response = await client.post(f"{self.url}{RECOGNISE_PATH}", json={"text": question})
+            response.raise_for_status()
+            body = response.json()
+            return QuestionCheck(
+                known=bool(body["known"]),
+                task_id=body.get("task_id"),
+                coverage=float(body.get("coverage") or 0.0),
+            )
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            log.warning("the sandbox could not say whether it knows the question: %s", exc)
+            return None
