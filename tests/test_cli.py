@@ -81,7 +81,124 @@ def test_ask_without_prepared_data_says_what_to_run(project, capsys):
     for path in (project / "data" / "05_model_input").iterdir():
         path.unlink()
     with pytest.raises(FileNotFoundError, match="make run"):
+        cli.main(["ask", QUESTION, "--adapter", "none"])
+
+
+def _scripted(monkeypatch, question: str) -> list[dict]:
+    """Replace the policy with a one-step workflow; returns the build_policy calls."""
+    calls: list[dict] = []
+
+    def build(*args, **kwargs):
+        calls.append(kwargs)
+        return ScriptedPolicy(f"model_id = [1]\nsubtasks = ['{question}']\naccess_list = [[]]")
+
+    monkeypatch.setattr("conductor_pipeline.workflow.config.build_policy", build)
+    return calls
+
+
+def test_an_unknown_question_gets_a_notice_on_stderr(project, monkeypatch, capsys):
+    question = "What is 9 * 8?"
+    _scripted(monkeypatch, question)
+    assert cli.main(["ask", question]) == 0
+    captured = capsys.readouterr()
+    assert "not one of the sandbox's prepared tasks" in captured.err
+    assert "conductor ask --sample" in captured.err and "Adding a real provider" in captured.err
+    assert "made up" in captured.err
+    assert "Answer:" in captured.out and "prepared tasks" not in captured.out
+
+    assert cli.main(["ask", question, "--json"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)  # stdout stays pure JSON
+    assert record["simulated"] is True and record["sandbox_known_question"] is False
+    assert "conductor ask --sample" in record["warning"]
+    assert "prepared tasks" in captured.err
+
+
+def test_a_prepared_question_gets_no_notice(project, monkeypatch, capsys):
+    _scripted(monkeypatch, QUESTION)
+    assert cli.main(["ask", QUESTION, "--json"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert record["simulated"] is False and record["sandbox_known_question"] is True
+    assert record["warning"] is None
+    assert "prepared tasks" not in captured.err
+
+
+def _register_nothing(project: Path) -> None:
+    """The shipped default: the Conductor is models:/conductor@champion, and the test's own
+    MLflow store (tests/conftest.py) holds no registered model."""
+    path = project / "conf" / "local" / "parameters_conductor.yml"
+    params = yaml.safe_load(path.read_text())
+    params["conductor"]["policy"]["adapter"] = "models:/conductor@champion"
+    path.write_text(yaml.safe_dump(params))
+
+
+def test_ask_without_a_champion_fails_fast_with_the_fix(project, monkeypatch, capsys):
+    _register_nothing(project)
+    calls = _scripted(monkeypatch, QUESTION)
+    monkeypatch.setattr(
+        "conductor_pipeline.workers.runtime.open_worker_pool",
+        lambda *a, **k: pytest.fail("no pool may start without a Conductor"),
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["ask", QUESTION])
+    message = str(exit_info.value.code)
+    assert "no trained Conductor" in message and "models:/conductor@champion" in message
+    assert "`make run`" in message and "--adapter <folder|models:/conductor/N>" in message
+    assert "--adapter none" in message
+    assert calls == []  # nor is the base policy built
+
+
+def test_an_explicit_adapter_must_resolve(project, monkeypatch):
+    _scripted(monkeypatch, QUESTION)
+    with pytest.raises(SystemExit, match="models:/conductor/7 does not resolve"):
+        cli.main(["ask", QUESTION, "--adapter", "models:/conductor/7"])
+    with pytest.raises(SystemExit, match="no adapter_config.json"):
         cli.main(["ask", QUESTION, "--adapter", str(project)])
+
+
+def test_adapter_none_asks_the_base_policy_on_purpose(project, monkeypatch, capsys):
+    _register_nothing(project)
+    calls = _scripted(monkeypatch, QUESTION)
+    assert cli.main(["ask", QUESTION, "--adapter", "none"]) == 0
+    assert calls == [{"adapter_dir": None}]
+    assert "Answer:" in capsys.readouterr().out
+
+
+def test_an_adapter_folder_is_passed_to_the_policy(project, monkeypatch):
+    adapter = project / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    calls = _scripted(monkeypatch, QUESTION)
+    assert cli.main(["ask", QUESTION, "--adapter", str(adapter), "--json"]) == 0
+    assert calls == [{"adapter_dir": str(adapter)}]
+
+
+def test_conductor_ask_without_a_champion_exits_quickly(project, tmp_path):
+    """The real command in a fresh process: non-zero, the fix on stderr, in seconds (it
+    used to sample the untrained policy for minutes)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    _register_nothing(project)
+    env = {k: v for k, v in os.environ.items() if k != "CONDUCTOR_PROJECT_ROOT"}
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'empty-mlflow.db'}"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "conductor_pipeline.cli", "ask", "What is 17 * 23?"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode != 0
+    assert "no trained Conductor" in done.stderr and "make run" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert elapsed < 60, elapsed  # start-up and an MLflow lookup; no sandbox, no sampling
 
 
 @pytest.mark.slow

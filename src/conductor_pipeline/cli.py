@@ -13,9 +13,18 @@ from typing import Any
 import click
 
 from conductor_pipeline.offline import apply_offline_defaults
-from conductor_pipeline.registry import local_adapter
 
 apply_offline_defaults()  # before anything imports litellm or transformers
+
+# `--adapter none`: ask the untrained base policy on purpose
+BASE_POLICY = "none"
+NO_TRAINED_CONDUCTOR = (
+    "conductor ask: no trained Conductor to ask ({reason}). Run `make run` (it trains a "
+    "Conductor and registers it as "
+    "conductor@champion), or name one with --adapter <folder|models:/conductor/N>. "
+    "To ask the untrained base policy on purpose (its workflows seldom parse), pass "
+    "--adapter none."
+)
 
 
 def _print_event(kind: str, payload: Any) -> None:
@@ -57,6 +66,44 @@ def _pick_sample_question(root, seed: int) -> str:
     return random.Random(seed).choice(questions)
 
 
+def _ask_adapter(adapter_arg: str | None, policy_params: dict[str, Any], root: Any) -> str | None:
+    """The LoRA folder ``conductor ask`` loads, resolved as ``conductor serve`` resolves what
+    it serves (:func:`~conductor_pipeline.serving.models.resolve_served_model`).
+
+    ``--adapter`` must resolve; ``--adapter none`` is the base policy on purpose. Without
+    ``--adapter``, a local policy whose configured reference (by default
+    ``models:/conductor@champion``) does not resolve stops here with the fix, before
+    minutes are spent on base-policy samples that do not parse;
+    ``conductor.policy.adapter: null`` configures the base policy on purpose.
+    """
+    from conductor_pipeline.serving.models import ModelResolutionError, resolve_served_model
+
+    if adapter_arg is not None:
+        if adapter_arg.strip().lower() == BASE_POLICY:
+            return None
+        try:
+            served = resolve_served_model(None, adapter_path=adapter_arg, explicit=True, root=root)
+        except ModelResolutionError as err:
+            # the registry's own reason; serve's advice about --model does not apply here
+            raise SystemExit(f"conductor ask: {err.__cause__ or err}") from err
+        return served.adapter_dir
+    reference = policy_params.get("adapter")
+    if not reference:
+        return None
+    # only the local policy loads the adapter; an endpoint or scripted policy ignores it
+    required = policy_params.get("kind", "local") == "local"
+    try:
+        served = resolve_served_model(reference, explicit=required, root=root)
+    except ModelResolutionError as err:
+        reason = str(err.__cause__ or err).splitlines()[0]
+        raise SystemExit(NO_TRAINED_CONDUCTOR.format(reason=reason)) from err
+    return served.adapter_dir
+
+
+def _notice(text: str) -> None:
+    print(f"Note: {text}", file=sys.stderr, flush=True)
+
+
 def cmd_ask(args: argparse.Namespace) -> int:
     from conductor_pipeline.project import load_project_config
     from conductor_pipeline.workers.runtime import open_worker_pool
@@ -68,35 +115,49 @@ def cmd_ask(args: argparse.Namespace) -> int:
     orchestration = orchestration_config(params)
     if args.max_rounds is not None:
         orchestration.max_rounds = args.max_rounds
-    adapter = local_adapter(
-        args.adapter or params.get("policy", {}).get("adapter"), required=bool(args.adapter)
-    )
-    policy = build_policy(params.get("policy") or {}, adapter_dir=adapter)
     question = _pick_sample_question(config.root, args.seed) if args.sample else args.question
     if not question:
         raise SystemExit("give a QUESTION or --sample")
+    policy_params = dict(params.get("policy") or {})
+    adapter = _ask_adapter(args.adapter, policy_params, config.root)
+    policy = build_policy(policy_params, adapter_dir=adapter)
     if not args.json:
-        print(f"Conductor: {policy.name}\nQuestion: {question}\n")
+        print(f"Conductor: {policy.name}\nQuestion: {question}\n", flush=True)
+
+    async def ask(pool: Any) -> tuple[Any, Any]:
+        # before the run, which can take minutes: the warning is worth reading first
+        checked = await pool.question_check(question) if pool.question_check else None
+        if checked is not None and checked.warning:
+            _notice(checked.warning)
+        result = await orchestrate(
+            question,
+            policy,
+            pool,
+            pool.descriptions,
+            worker_names=pool.names,
+            config=orchestration,
+            on_event=None if args.json else _print_event,
+        )
+        return result, checked
 
     with open_worker_pool(config.worker_pool, config.credentials, root=config.root) as pool:
-        result = asyncio.run(
-            orchestrate(
-                question,
-                policy,
-                pool,
-                pool.descriptions,
-                worker_names=pool.names,
-                config=orchestration,
-                on_event=None if args.json else _print_event,
-            )
-        )
+        result, checked = asyncio.run(ask(pool))
+    simulated = checked is not None and not checked.known
     record = result.to_dict()
     if args.json:
+        # the same marks as the API's `conductor` record
+        record.update(
+            simulated=simulated,
+            sandbox_known_question=checked.known if checked else None,
+            warning=checked.warning if checked else None,
+        )
         print(json.dumps(record, indent=2, default=str))
     elif result.format_failure:
         print("\nThe Conductor produced no valid workflow; no answer.")
     else:
-        print(f"\nAnswer: {result.answer.strip()}")
+        print(f"\nAnswer: {result.answer.strip()}", flush=True)
+        if simulated:
+            _notice("the answer above is made up by simulated workers (see the note before it).")
         print(
             f"Total: {record['worker_calls']} worker calls, {record['tokens']} worker tokens, "
             f"${record['cost_usd']:.6f}, {record['latency_s']:.2f}s"
@@ -196,7 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ask.add_argument("--max-rounds", type=int, default=None, help="extra recursion rounds")
     ask.add_argument(
-        "--adapter", default=None, help="LoRA folder or models:/conductor@<alias|version>"
+        "--adapter",
+        default=None,
+        help="LoRA folder, models:/conductor@<alias> or models:/conductor/<version> "
+        "(default: conductor.policy.adapter, the champion); `none` asks the untrained base policy",
     )
     ask.set_defaults(handler=cmd_ask)
 
