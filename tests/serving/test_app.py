@@ -430,3 +430,64 @@ def test_request_limits_cap_the_defaults():
         "max_cost_usd": 1.0,
         "max_rounds": 0,
     }
+
+
+class SandboxLikePool(FakePool):
+    """A pool whose sandbox knows only the questions in ``known`` (as ``open_worker_pool``
+    attaches a check to a sandbox with simulated workers); the real check is tested over
+    HTTP in tests/workers/test_sandbox_questions.py and tests/serving/test_serve.py."""
+
+    def __init__(self, known: set[str], fail: bool = False) -> None:
+        super().__init__()
+        self.known, self.fail, self.checked = known, fail, []
+
+    async def question_check(self, question: str):
+        from conductor_pipeline.workers.sandbox import QuestionCheck
+
+        self.checked.append(question)
+        if self.fail:
+            raise RuntimeError("sandbox gone")
+        return QuestionCheck(known=question in self.known)
+
+
+def test_an_unknown_question_is_marked_in_the_record_and_a_header():
+    from conductor_pipeline.workers.sandbox import UNKNOWN_QUESTION_WARNING
+
+    pool = SandboxLikePool(known={"What is 6 times 7?"})
+    with BackgroundServer(make_service(pool=pool)) as server:
+        server.wait_ready()
+        unknown = post(server, ask("What is 2+2?"))
+        known = post(server, ask())
+        streamed = post(server, ask("What is 2+2?", stream=True))
+    assert pool.checked == ["What is 2+2?", "What is 6 times 7?", "What is 2+2?"]
+    assert unknown.status_code == 200
+    record = unknown.json()["conductor"]
+    assert record["simulated"] is True and record["sandbox_known_question"] is False
+    assert record["warning"] == UNKNOWN_QUESTION_WARNING
+    assert unknown.headers["x-conductor-warning"] == UNKNOWN_QUESTION_WARNING
+    record = known.json()["conductor"]
+    assert record["simulated"] is False and record["sandbox_known_question"] is True
+    assert record["warning"] is None and "x-conductor-warning" not in known.headers
+    assert streamed.headers["x-conductor-warning"] == UNKNOWN_QUESTION_WARNING
+    final = next(
+        json.loads(d)
+        for d in _events(streamed)[:-1]
+        if json.loads(d)["choices"] and json.loads(d)["choices"][0]["finish_reason"]
+    )
+    assert final["conductor"]["simulated"] is True
+    assert final["conductor"]["warning"] == UNKNOWN_QUESTION_WARNING
+
+
+def test_real_workers_get_no_mark_and_a_failed_check_fails_no_request(server):
+    response = post(server, ask())  # FakePool: no question_check, as a real-provider pool
+    record = response.json()["conductor"]
+    assert (record["simulated"], record["sandbox_known_question"], record["warning"]) == (
+        False,
+        None,
+        None,
+    )
+    assert "x-conductor-warning" not in response.headers
+    with BackgroundServer(make_service(pool=SandboxLikePool(set(), fail=True))) as failing:
+        failing.wait_ready()
+        response = post(failing, ask())
+    assert response.status_code == 200 and response.json()["conductor"]["warning"] is None

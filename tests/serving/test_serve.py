@@ -103,6 +103,28 @@ def test_openai_client_stream_shows_only_the_answer_as_content(served):
     assert usage is not None and usage.total_tokens > 0
 
 
+def test_a_question_the_sandbox_does_not_know_is_marked(served):
+    """The README's old example through the official client: the answer comes back, marked
+    as made up by the simulated workers in the record and in a header."""
+    raw = _client(served).chat.completions.with_raw_response.create(
+        model="conductor", messages=[{"role": "user", "content": "What is 2+2?"}]
+    )
+    warning = raw.headers.get("x-conductor-warning")
+    assert warning and "not one of the sandbox's prepared tasks" in warning
+    assert "conductor ask --sample" in warning and "Adding a real provider" in warning
+    record = raw.parse().model_extra["conductor"]
+    assert record["simulated"] is True and record["sandbox_known_question"] is False
+    assert record["warning"] == warning
+
+    prepared = _client(served).chat.completions.with_raw_response.create(
+        model="conductor", messages=[{"role": "user", "content": QUESTION}]
+    )
+    assert "x-conductor-warning" not in prepared.headers
+    record = prepared.parse().model_extra["conductor"]
+    assert record["simulated"] is False and record["sandbox_known_question"] is True
+    assert record["warning"] is None
+
+
 def test_litellm_uses_it_as_an_openai_provider(served):
     async def run():
         plain = await litellm.acompletion(

@@ -10,7 +10,13 @@ Endpoints (:func:`create_app`):
   where the Conductor (or ``question_to_workers``) passes it on. The answer is
   ``choices[0].message.content``; an extra top-level ``conductor`` field holds the executed
   workflow: steps with worker, subtask, access, tokens, cost and latency, the rounds, totals,
-  the budget applied and the served model version.
+  the budget applied and the served model version. Over the sandbox's simulated workers,
+  which know only the prepared tasks, the record's ``sandbox_known_question`` says whether
+  the question is one of them; when it is not, ``simulated`` is true (the answer is made
+  up), ``warning`` says so and what to do instead, and the response carries the same text
+  in an ``X-Conductor-Warning`` header (streamed or not). Over real workers
+  ``sandbox_known_question`` and ``warning`` are null, ``simulated`` is false and no header
+  is sent.
 * ``GET /v1/models`` — ``conductor`` and the served version id.
 * ``GET /health`` — liveness: 200 once the policy is loaded, 503 while it loads or if loading
   failed. ``GET /ready`` — readiness: the policy is loaded and every worker endpoint answers.
@@ -51,7 +57,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +78,7 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("conductor_pipeline.serving.access")
 
 KEEPALIVE_S = 15.0
+WARNING_HEADER = "X-Conductor-Warning"
 _CONTEXT_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
 
@@ -96,7 +103,9 @@ class ConductorService:
 
     ``call_worker`` is a ``WorkerPool`` or any worker caller; ``tracer(result, tags)``
     records a trace and returns its id (``serving.tracing``); ``api_key`` enables bearer
-    auth.
+    auth. ``question_check`` (``async (question) -> QuestionCheck | None``) tells whether the
+    sandbox knows a question; by default the pool's own (``open_worker_pool`` sets one on a
+    sandbox with simulated workers).
     """
 
     policy: Any
@@ -109,6 +118,11 @@ class ConductorService:
     api_key: str | None = None
     probes: list[Probe] = field(default_factory=list)
     tracer: Callable[[OrchestrationResult, dict[str, str]], str | None] | None = None
+    question_check: Callable[[str], Awaitable[Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.question_check is None:
+            self.question_check = getattr(self.call_worker, "question_check", None)
 
     def __repr__(self) -> str:  # never the key
         return f"ConductorService(policy={getattr(self.policy, 'name', self.policy)!r}, served={self.served.id!r})"
@@ -324,8 +338,10 @@ def conductor_record(
     request_id: str,
     config: OrchestrationConfig,
     trace_id: str | None = None,
+    question_check: Any = None,
 ) -> dict[str, Any]:
-    """The ``conductor`` field of a response: what ran, what it cost, which model wrote it."""
+    """The ``conductor`` field of a response: what ran, what it cost, which model wrote it,
+    and (``question_check``, a ``QuestionCheck``) whether the sandbox knew the question."""
     record = result.to_dict()
     executions = [r.execution for r in result.rounds if r.execution is not None]
     steps = record["workflow"]
@@ -376,6 +392,11 @@ def conductor_record(
             "max_rounds": config.max_rounds,
         },
         "trace_id": trace_id,
+        # the sandbox's simulated workers made the answer up: the question is none of the
+        # prepared tasks they know (DESIGN.md: `conductor.simulated`)
+        "simulated": bool(question_check is not None and not question_check.known),
+        "sandbox_known_question": question_check.known if question_check else None,
+        "warning": question_check.warning if question_check else None,
     }
 
 
@@ -723,6 +744,17 @@ def create_app(service: ConductorService) -> FastAPI:
                 code="timeout",
             ) from err
 
+    async def check_question(question: str) -> Any:
+        """Whether the sandbox knows the question (None over real workers, or when the
+        sandbox could not say): the answer to an unknown one is made up and is marked."""
+        if service.question_check is None:
+            return None
+        try:
+            return await service.question_check(question)
+        except Exception as exc:  # a notice must never fail the request
+            log.warning("question check failed: %s", type(exc).__name__)
+            return None
+
     def note(details: dict[str, Any], result: OrchestrationResult) -> None:
         final = result.final_round
         details.update(
@@ -833,6 +865,10 @@ def create_app(service: ConductorService) -> FastAPI:
             stream=bool(body.stream), question_chars=len(question), context_turns=context_turns
         )
         check_policy()
+        checked = await check_question(question)
+        warning_headers = (
+            {WARNING_HEADER: checked.warning} if checked is not None and checked.warning else {}
+        )
         if not gate.try_enter():
             raise ApiError(
                 429,
@@ -845,10 +881,14 @@ def create_app(service: ConductorService) -> FastAPI:
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return _GuardedStream(
-                stream(request_id, body.model, question, config, include_usage, details),
+                stream(request_id, body.model, question, config, include_usage, details, checked),
                 on_close=gate.leave,
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={
+                    "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no",
+                    **warning_headers,
+                },
             )
         try:
             result = await run(question, config, None)
@@ -856,7 +896,7 @@ def create_app(service: ConductorService) -> FastAPI:
             gate.leave()
         note(details, result)
         trace_id = await trace(result, request_id)
-        record = conductor_record(result, served, request_id, config, trace_id)
+        record = conductor_record(result, served, request_id, config, trace_id, checked)
         if result.format_failure:
             raise format_failure(result, record)
         return JSONResponse(
@@ -876,7 +916,8 @@ def create_app(service: ConductorService) -> FastAPI:
                 ],
                 "usage": usage(result),
                 "conductor": record,
-            }
+            },
+            headers=warning_headers,
         )
 
     async def stream(
@@ -886,6 +927,7 @@ def create_app(service: ConductorService) -> FastAPI:
         config: OrchestrationConfig,
         include_usage: bool,
         details: dict[str, Any],
+        checked: Any = None,
     ) -> AsyncIterator[str]:
         created = int(time.time())
 
@@ -944,7 +986,7 @@ def create_app(service: ConductorService) -> FastAPI:
                 result: OrchestrationResult = item
                 note(details, result)
                 trace_id = await trace(result, request_id)
-                record = conductor_record(result, served, request_id, config, trace_id)
+                record = conductor_record(result, served, request_id, config, trace_id, checked)
                 if result.format_failure:
                     error = format_failure(result, record)
                     details["error_code"] = error.code

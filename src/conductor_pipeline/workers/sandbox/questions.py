@@ -79,7 +79,9 @@ class SandboxQuestionCheck:
         import httpx
 
         try:
-            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            # plain http on loopback: verify=False only skips loading the CA bundle, which
+            # made each check cost ~25 ms instead of ~2 ms
+            async with httpx.AsyncClient(timeout=self.timeout_s, verify=False) as client:
                 response = await client.post(f"{self.url}{RECOGNISE_PATH}", json={"text": question})
             response.raise_for_status()
             body = response.json()
