@@ -44,6 +44,21 @@ def test_recognise_on_the_index():
     # a fragment of a prepared question is recognised but not answered for real: unknown
     fragment = recognise(index, "A gardener plants 12 rows of 9 tulips and something else")
     assert not fragment.known and fragment.task_id == "q/1" and 0 < fragment.coverage < 0.6
+    # another number: the simulated workers see the prepared task (over 60 % of its
+    # 6-grams) and would answer 168, which is not this question's answer
+    other = recognise(index, PREPARED.replace("15 daffodils", "16 daffodils"))
+    assert other.task_id == "q/1" and 0.6 <= other.coverage < 1.0 and not other.known
+    # case and spacing do not matter
+    assert recognise(index, PREPARED.upper().replace("?", " ? ")).known
+    short = TaskIndex(
+        [Task("q/2", "math", "easy", "Calculate 9 * 3.", "27", "number", "numeric", "x")]
+    )
+    assert recognise(short, "Calculate 9 * 3.").known
+    assert recognise(short, "calculate 9 *3").known
+    assert not recognise(short, "Calculate 9 * 4.").known
+    # same words, another operator: punctuation-free 6-grams alone would call it known
+    plus = recognise(short, "Calculate 9 + 3.")
+    assert not plus.known and plus.task_id == "q/2"
 
 
 def test_the_warning_names_what_to_do_and_fits_a_header():

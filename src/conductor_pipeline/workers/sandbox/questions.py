@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from conductor_pipeline.workers.sandbox.simulated import VISIBLE_SHARE, TaskIndex
+from conductor_pipeline.workers.sandbox.simulated import RECOGNISED_SHARE, TaskIndex
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,9 @@ UNKNOWN_QUESTION_WARNING = (
 class QuestionCheck:
     """What the sandbox knows about a question.
 
-    ``known``: a prepared task's question is visible in it (the share of the task's word
-    6-grams present reaches the share at which simulated workers answer it for real);
-    ``task_id`` and ``coverage`` describe the best matching task, if any.
+    ``known``: a prepared task's question occurs in it whole (case, spacing and a final
+    full stop or question mark aside). ``task_id`` and ``coverage`` (the share of the task's
+    6-grams present) describe the best matching task, if any.
     """
 
     known: bool
@@ -50,17 +50,29 @@ class QuestionCheck:
 
 
 def recognise(index: TaskIndex, text: str) -> QuestionCheck:
-    """Whether ``text`` holds one of the prepared tasks in ``index``, the way a simulated
-    worker would see it (the same coverage threshold as a worker that solves it)."""
-    matches = index.scan(text)
+    """Whether ``text`` holds one of the prepared tasks in ``index`` whole.
+
+    Stricter than a simulated worker, which answers a task once 60 % of its 6-grams are
+    visible: "How many 1 bits are in the number 12345?" shares most 6-grams with a prepared
+    question about another number, and the workers would give that task's answer. Only a
+    question found word for word gets an answer that is really its own.
+    """
+    matches = index.scan(text, min_coverage=RECOGNISED_SHARE)
     if not matches:
         return QuestionCheck(known=False)
+    # 6-grams drop punctuation, and with it operators ("Calculate 9 + 3." reads as the
+    # prepared "Calculate 9 * 3."): a whole match must also hold the question's symbols
+    compact = _compact(text)
+    for match in matches:
+        if match.coverage >= 1.0 and _compact(match.task.question).rstrip(".?!") in compact:
+            return QuestionCheck(known=True, task_id=match.task.id, coverage=1.0)
     best = matches[0]
-    return QuestionCheck(
-        known=best.coverage >= VISIBLE_SHARE,
-        task_id=best.task.id,
-        coverage=round(best.coverage, 4),
-    )
+    return QuestionCheck(known=False, task_id=best.task.id, coverage=round(best.coverage, 4))
+
+
+def _compact(text: str) -> str:
+    """Lower case without whitespace: spacing and case may differ, symbols may not."""
+    return "".join(text.lower().split())
 
 
 class SandboxQuestionCheck:
