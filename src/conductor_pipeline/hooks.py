@@ -5,6 +5,7 @@ the processes other than the main one in memory (``accelerate launch``)."""
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
 from kedro.framework.hooks import hook_impl
 
@@ -58,3 +59,54 @@ class ProjectHooks:
         if "worker_pool" in workers:
             catalog["worker_pool_config"] = dict(workers["worker_pool"])
             catalog["worker_credentials"] = credentials
+
+
+class MlflowRunHooks:
+    """Keep the project's MLflow store usable after a move, and name each ``kedro run``'s
+    MLflow run after its pipeline, start time and registered version (kedro-mlflow alone
+    names them all ``__default__``)."""
+
+    def __init__(self) -> None:
+        self._naming: tuple[list[str], datetime] | None = None
+
+    # tryfirst: before kedro-mlflow's own after_context_created opens the experiment, whose
+    # stored artifact location must already point into this checkout
+    @hook_impl(tryfirst=True)
+    def after_context_created(self, context) -> None:
+        from conductor_pipeline.registry import rebase_store
+
+        rebase_store(project_root())
+
+    # trylast: kedro-mlflow has started the run by then
+    @hook_impl(trylast=True)
+    def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
+        import mlflow
+
+        from conductor_pipeline.registry import run_name
+
+        self._naming = None
+        run = mlflow.active_run()
+        if run is None:
+            return
+        names = run_params.get("pipeline_names") or run_params.get("pipeline_name")
+        names = [names] if isinstance(names, str) else list(names or ["__default__"])
+        if run.info.run_name != "+".join(names):
+            return  # a name set in mlflow.yml (tracking.run.name) is kept as configured
+        self._naming = (names, datetime.now(UTC))
+        mlflow.set_tag("mlflow.runName", run_name(*self._naming))
+
+    @hook_impl
+    def after_node_run(self, node, catalog, inputs, outputs, is_async, run_id) -> None:
+        """Once a node has registered a ``conductor`` version, the run's name says which."""
+        if self._naming is None:
+            return
+        import mlflow
+
+        from conductor_pipeline.registry import REGISTERED_MODEL, run_name
+
+        for value in (outputs or {}).values():
+            if isinstance(value, dict) and value.get("name") == REGISTERED_MODEL:
+                if value.get("version") and mlflow.active_run() is not None:
+                    name = run_name(*self._naming, version=str(value["version"]))
+                    mlflow.set_tag("mlflow.runName", name)
+                return

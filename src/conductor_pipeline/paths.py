@@ -57,3 +57,30 @@ def project_root() -> Path:
 def mlflow_tracking_uri(root: Path | None = None) -> str:
     """The absolute SQLite URI of the project's tracking and registry store."""
     return f"sqlite:///{(root or project_root()) / 'mlruns' / 'mlflow.db'}"
+
+
+def reroot(location: str, root: Path, marker: str) -> str | None:
+    """``location`` (an absolute path or ``file://`` URI) moved under ``root``, when it points
+    into a ``<old root>/<marker>/...`` tree of another checkout; ``None`` when it needs no
+    change (not a local path, no ``marker`` folder in it, or already under ``root``).
+
+    A project that is moved or cloned keeps its ``mlruns/`` and ``data/`` trees, but the
+    MLflow store and adapter configs recorded the old absolute paths; re-rooting them at the
+    last ``/<marker>/`` keeps each reference inside the copy it belongs to.
+    """
+    scheme = ""
+    path = location
+    if location.startswith("file://"):
+        scheme, path = "file://", location[len("file://") :]
+    if not path.startswith("/"):
+        return None
+    cut = path.rfind(f"/{marker}/")
+    if cut < 0 and path.endswith(f"/{marker}"):
+        cut = len(path) - len(marker) - 1
+    if cut < 0:
+        return None
+    old_root, rest = path[:cut], path[cut + 1 :]
+    new_root = root.resolve().as_posix()
+    if old_root == new_root:
+        return None
+    return f"{scheme}{new_root}/{rest}"

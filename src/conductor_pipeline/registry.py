@@ -3,10 +3,16 @@ local LoRA folder. Registration happens in training; promotion moves the aliases
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sqlite3
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from conductor_pipeline.paths import mlflow_tracking_uri, project_root
+from conductor_pipeline.paths import mlflow_tracking_uri, project_root, reroot
 
 logger = logging.getLogger(__name__)
 
@@ -19,12 +25,11 @@ class AdapterNotFoundError(LookupError):
 
 def _use_project_store() -> None:
     # an explicit MLFLOW_TRACKING_URI (e.g. a team server) wins over the project's SQLite store
-    import os
-
     import mlflow
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         mlflow.set_tracking_uri(mlflow_tracking_uri(project_root()))
+    rebase_store()
 
 
 def _find_adapter(folder: Path) -> Path | None:
@@ -74,3 +79,178 @@ def local_adapter(reference: str | None, *, required: bool = True) -> str | None
     if str(reference).startswith("models:/"):
         return resolve_adapter(str(reference), required=required)
     return str(reference)
+
+
+# -- portability ---------------------------------------------------------------------------------
+# MLflow records artifact locations as absolute paths, and PEFT records the base model's path
+# in adapter_config.json. A moved or cloned project would point back into the old checkout
+# (or nowhere). The store is re-rooted under the current project before it is used, and
+# adapters are registered with a base-model path relative to the project root.
+
+# (table, column) pairs of the SQLite store that hold artifact locations
+_LOCATION_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "source"),
+    ("model_versions", "storage_location"),
+)
+_BASE_MODEL_KEY = "base_model_name_or_path"
+
+
+def _project_store_path(root: Path) -> Path | None:
+    """The project's SQLite file when the tracking URI in use is that store, else ``None``
+    (a team server or another store is never rewritten)."""
+    ours = mlflow_tracking_uri(root)
+    current = os.environ.get("MLFLOW_TRACKING_URI") or ours
+    if current.rstrip("/") != ours:
+        return None
+    return root / "mlruns" / "mlflow.db"
+
+
+def rebase_store(root: Path | None = None) -> int:
+    """Re-root the artifact locations in the project's SQLite store under ``root`` (default:
+    the current project) when they point into another checkout's ``mlruns/``, and make the
+    base-model paths of adapters under ``mlruns/`` relative. Returns how many locations
+    changed; 0 (and no write) when the store is already in place or absent."""
+    root = (root or project_root()).resolve()
+    database = _project_store_path(root)
+    if database is None or not database.is_file():
+        return 0
+    changed = 0
+    with sqlite3.connect(database, timeout=30) as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+        for table, column in _LOCATION_COLUMNS:
+            if table not in tables:
+                continue
+            rows = conn.execute(
+                f"SELECT rowid, {column} FROM {table} WHERE {column} LIKE '%/mlruns%'"
+            ).fetchall()
+            for rowid, value in rows:
+                moved = reroot(str(value), root, "mlruns")
+                if moved is not None:
+                    conn.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (moved, rowid))
+                    changed += 1
+        if "trace_tags" in tables:  # where each trace keeps its artifacts
+            rows = conn.execute(
+                "SELECT rowid, value FROM trace_tags WHERE key = 'mlflow.artifactLocation'"
+            ).fetchall()
+            for rowid, value in rows:
+                moved = reroot(str(value), root, "mlruns")
+                if moved is not None:
+                    conn.execute("UPDATE trace_tags SET value = ? WHERE rowid = ?", (moved, rowid))
+                    changed += 1
+    if changed:
+        adapters = portable_adapter(root / "mlruns", root)
+        logger.info(
+            "the project moved to %s: re-rooted %d MLflow artifact location(s) and %d adapter "
+            "config(s)",
+            root,
+            changed,
+            adapters,
+        )
+    return changed
+
+
+def portable_adapter(folder: Path, root: Path | None = None) -> int:
+    """Rewrite ``base_model_name_or_path`` in every ``adapter_config.json`` under ``folder``
+    so that it does not name this checkout by absolute path: a path inside the project
+    (or inside another checkout's ``data/``) becomes relative to the project root, which is
+    where ``kedro run``, ``conductor`` and the notebooks resolve paths from. Hub ids and
+    paths outside the project stay as they are. Returns how many files changed."""
+    root = (root or project_root()).resolve()
+    changed = 0
+    for config_file in sorted(Path(folder).rglob("adapter_config.json")):
+        try:
+            config = json.loads(config_file.read_text())
+        except (OSError, ValueError):
+            continue
+        base = config.get(_BASE_MODEL_KEY)
+        if not isinstance(base, str) or not base.startswith("/"):
+            continue
+        path = Path(base)
+        if not path.is_relative_to(root):
+            moved = reroot(base, root, "data")
+            if moved is None or not Path(moved).exists():
+                continue  # outside any project tree, or not in this copy: leave it
+            path = Path(moved)
+        config[_BASE_MODEL_KEY] = path.relative_to(root).as_posix()
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        changed += 1
+    return changed
+
+
+# -- run names and version descriptions ----------------------------------------------------------
+
+
+def run_name(pipelines: Sequence[str], started: datetime, version: str | None = None) -> str:
+    """The MLflow run name of a ``kedro run``: ``training 2026-12-01 22:10 UTC``, with
+    `` → conductor v3`` once the run has registered a version; runs differ at a glance."""
+    if started.tzinfo is None:
+        raise ValueError("run_name: 'started' must be timezone-aware (UTC)")
+    names = "+".join(pipelines) or "__default__"
+    stamp = started.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    label = f"{names} {stamp} UTC"
+    if version is not None:
+        label += f" → {REGISTERED_MODEL} v{version}"
+    return label
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def describe_version(adapter_info: Mapping[str, Any]) -> str:
+    """A registered version's description, from training's adapter info: what was trained
+    (base model, stages, steps), on which data (train-split fingerprint, prompts), against
+    which pool, and how long it took. Plain text: MLflow renders it as Markdown."""
+    missing = [k for k in ("base_model", "data_version", "global_step") if k not in adapter_info]
+    if missing:
+        raise KeyError(f"describe_version: adapter info lacks {missing}")
+    dataset = adapter_info.get("dataset") or {}
+    sft = adapter_info.get("sft") or {}
+    seconds = adapter_info.get("seconds") or {}
+    workers = list(adapter_info.get("worker_names") or [])
+    steps = int(adapter_info["global_step"])
+    lines = [
+        f"LoRA adapter on {adapter_info['base_model']}, trained with GRPO for {steps} step(s)."
+    ]
+    if adapter_info.get("start_adapter"):
+        lines.append(f"Continued from {adapter_info['start_adapter']} (retraining).")
+    elif sft.get("steps") and not sft.get("reused"):
+        loss = _number(sft.get("final_loss"))
+        tail = f", final loss {loss:.3f}" if loss is not None else ""
+        lines.append(
+            f"Warm start: SFT for {int(sft['steps'])} step(s) on {sft.get('n_examples', '?')} examples{tail}."
+        )
+    elif sft.get("reused"):
+        lines.append("Warm start: a previous run's SFT adapter (reused).")
+    prompts = dataset.get("n_prompts")
+    lines.append(
+        f"Data: train split {adapter_info['data_version']}"
+        + (f", {int(prompts)} prompts" if prompts is not None else "")
+        + "."
+    )
+    if adapter_info.get("recursion_steps"):
+        lines.append(f"Recursion stage: {int(adapter_info['recursion_steps'])} step(s).")
+    if workers:
+        pool = adapter_info.get("pool_fingerprint", "?")
+        lines.append(f"Worker pool {pool}: {', '.join(workers)}.")
+    total = _number(seconds.get("total"))
+    if total is not None:
+        lines.append(f"Training time: {total / 60:.1f} min.")
+    if adapter_info.get("run_fingerprint"):
+        lines.append(f"Run fingerprint {adapter_info['run_fingerprint']}.")
+    return " ".join(lines)
+
+
+def set_version_description(version: str, adapter_info: Mapping[str, Any]) -> str:
+    """Write :func:`describe_version` onto ``conductor`` ``version``; returns the text."""
+    from mlflow import MlflowClient
+
+    text = describe_version(adapter_info)
+    MlflowClient().update_model_version(REGISTERED_MODEL, str(version), description=text)
+    return text

@@ -7,7 +7,7 @@ apply_offline_defaults()  # `kedro run` / `kedro jupyter` without the Makefile s
 from kedro.config import OmegaConfigLoader  # noqa: E402
 
 from conductor_pipeline.distributed import is_main_process  # noqa: E402
-from conductor_pipeline.hooks import ProjectHooks  # noqa: E402
+from conductor_pipeline.hooks import MlflowRunHooks, ProjectHooks  # noqa: E402
 from conductor_pipeline.paths import project_root  # noqa: E402
 
 
@@ -16,7 +16,7 @@ def _project_root_resolver(*_: str) -> str:
     return project_root().as_posix()
 
 
-HOOKS = (ProjectHooks(),)
+HOOKS = (ProjectHooks(), MlflowRunHooks())
 
 # Several processes (`accelerate launch --num_processes N -m kedro run`): only the main one
 # opens the kedro-mlflow run; the others log nothing (one run per `kedro run`, not N).

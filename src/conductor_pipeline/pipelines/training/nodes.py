@@ -17,7 +17,7 @@ import pandas as pd
 
 from conductor_pipeline.distributed import broadcast_from_main, is_main_process
 from conductor_pipeline.paths import project_root
-from conductor_pipeline.registry import local_adapter
+from conductor_pipeline.registry import local_adapter, portable_adapter, set_version_description
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import PoolInfo, train_conductor
@@ -128,6 +128,8 @@ def _register(adapter_info: dict[str, Any]) -> dict[str, Any]:
     adapter_dir = Path(adapter_info["adapter_dir"])
     if not adapter_dir.is_dir():
         raise FileNotFoundError(f"trained adapter folder {adapter_dir} is missing")
+    # base_model_name_or_path relative to the project, so the registered copy survives a move
+    portable_adapter(adapter_dir)
     tags = {
         "base_model": str(adapter_info["base_model"]),
         "pool_fingerprint": str(adapter_info["pool_fingerprint"]),
@@ -161,6 +163,7 @@ def _register(adapter_info: dict[str, Any]) -> dict[str, Any]:
         client = mlflow.MlflowClient()
         for key, value in tags.items():
             client.set_model_version_tag(REGISTERED_MODEL, version, key, value)
+        set_version_description(version, adapter_info)
         run_id = run.info.run_id
     finally:
         if own_run:
