@@ -5,6 +5,7 @@ both, and simulated workers labelled as such."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -16,8 +17,87 @@ def _label(system: str) -> str:
     return f"{system} (simulated)" if worker.startswith("sim-") else system
 
 
-# roughly how wide one character of a label is on the log axis, to keep labels apart
+# roughly how wide one character of a label is on the log axis (to leave room on the right)
 _DECADES_PER_CHAR = 0.022
+# where a label may go relative to its point, in points (dx, dy, horizontal alignment):
+# right of it first, then left, then further up or down, nearest first
+_OFFSETS = [
+    (dx, dy, "left" if dx > 0 else "right")
+    for dy in (3, -11, 13, -21, 23, -31, 33, -41, 43, -51)
+    for dx in (7, -7)
+]
+# how much each kind of overlap costs a candidate place (a label over a label is worst)
+_OVER_LABEL, _OUTSIDE, _OVER_MARKER, _OVER_BAR = 100.0, 50.0, 20.0, 1.0
+
+
+def _overlap(a, b) -> float:
+    """Area shared by two display-space boxes (0 when apart)."""
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return width * height if width > 0 and height > 0 else 0.0
+
+
+def place_labels(ax, points: list[tuple[float, float, str]], bars: list[tuple]) -> list:
+    """Annotate each ``(x, y, label)`` at the free place nearest its point: labels never on
+    top of another label when a free place exists, and preferably off the other markers and
+    error bars (``bars``: ``(x, y_low, y_high)`` in data coordinates). Returns the texts.
+
+    Positions are measured on the rendered figure (text extents in pixels), so call it
+    after the axes' limits and layout are final."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.transforms import Bbox
+
+    figure = ax.figure
+    if not isinstance(figure.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(figure)
+    renderer = figure.canvas.get_renderer()
+    to_px = ax.transData.transform
+    pad = 5.0 * figure.dpi / 72.0  # half a marker, in pixels
+    markers = [
+        Bbox.from_extents(*(to_px((x, y)) - pad), *(to_px((x, y)) + pad)) for x, y, _ in points
+    ]
+    bar_boxes = []
+    for x, low, high in bars:
+        (bx, by0), (_, by1) = to_px((x, low)), to_px((x, high))
+        bar_boxes.append(Bbox.from_extents(bx - 2, by0, bx + 2, by1))
+    frame = ax.get_window_extent(renderer)
+    legend = ax.get_legend()
+    if legend is not None:  # the legend box is as much in the way as a marker
+        markers.append(legend.get_window_extent(renderer))
+    placed: list = []
+    texts = []
+    # the crowded middle first would leave the edges no room; top to bottom reads naturally
+    order = sorted(range(len(points)), key=lambda k: -points[k][1])
+    for k in order:
+        x, y, label = points[k]
+        best: tuple[float, tuple[int, int, str], Any] | None = None
+        for dx, dy, align in _OFFSETS:
+            probe = ax.annotate(
+                label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7,
+                ha=align, va="bottom",
+            )  # fmt: skip
+            box = probe.get_window_extent(renderer).padded(1.5)
+            probe.remove()
+            cost = _OVER_LABEL * sum(_overlap(box, other) for other in placed)
+            cost += _OVER_MARKER * sum(_overlap(box, m) for i, m in enumerate(markers) if i != k)
+            cost += _OVER_BAR * sum(_overlap(box, b) for b in bar_boxes)
+            cost += _OUTSIDE * max(box.width * box.height - _overlap(box, frame), 0.0)
+            cost += 0.5 * abs(dy)  # nearer its point reads better, all else equal
+            if best is None or cost < best[0]:
+                best = (cost, (dx, dy, align), box)
+            if cost <= 0.5 * abs(dy):  # nothing in the way: no need to look further
+                break
+        assert best is not None
+        _, (dx, dy, align), box = best
+        # far from its point, a thin line says whose label it is
+        arrow = {"arrowstyle": "-", "color": "grey", "linewidth": 0.5} if abs(dy) > 13 else None
+        text = ax.annotate(
+            label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7,
+            ha=align, va="bottom", arrowprops=arrow,
+        )  # fmt: skip
+        placed.append(box)
+        texts.append(text)
+    return texts
 
 
 def _draw_point(ax, row: dict, x: float, y: float) -> None:
@@ -57,30 +137,22 @@ def pareto_figure(summary: pd.DataFrame, *, title: str = "Cost and accuracy per 
     for row in rows.to_dict(orient="records"):
         key = (round(float(row["cost_usd_per_q"]), 12), round(float(row["accuracy"]), 6))
         groups.setdefault(key, []).append(row)
-    placed: list[tuple[float, float, float, int]] = []  # (x from, x to in decades, y, level)
+    labels: list[tuple[float, float, str]] = []
+    bars: list[tuple[float, float, float]] = []
     for (cost, accuracy), members in sorted(groups.items()):
         x, y = max(cost, floor), accuracy
         for row in members:
             _draw_point(ax, row, x, y)
+            if not math.isnan(row["ci_low"]) and not math.isnan(row["ci_high"]):
+                bars.append((x, float(row["ci_low"]), float(row["ci_high"])))
         names = [
             _label(r["system"]) + (" — upper bound" if r["system"] == "oracle" else "")
             for r in members
         ]
-        label = ", ".join(names) + (" ($0: no worker calls)" if cost <= 0 else "")
-        start = math.log10(x)
-        end = start + _DECADES_PER_CHAR * len(label)
-        level = 0
-        while any(
-            lvl == level and abs(py - y) < 0.045 and start < p_end and p_start < end
-            for p_start, p_end, py, lvl in placed
-        ):
-            level += 1
-        placed.append((start, end, y, level))
-        ax.annotate(
-            label, (x, y), textcoords="offset points", xytext=(6, 4 - 10 * level), fontsize=7
-        )
-    if placed:
-        ax.set_xlim(floor / 2, 10 ** max(p_end for _, p_end, _, _ in placed))
+        labels.append((x, y, ", ".join(names) + (" ($0: no worker calls)" if cost <= 0 else "")))
+    if labels:
+        widest = max(math.log10(x) + _DECADES_PER_CHAR * len(t) for x, _, t in labels)
+        ax.set_xlim(floor / 2, 10**widest)
     points = rows.set_index("system").loc[front]
     if len(points) > 0:
         ax.step(
@@ -102,4 +174,6 @@ def pareto_figure(summary: pd.DataFrame, *, title: str = "Cost and accuracy per 
         title + (" — sandbox pool with simulated workers" if simulated else ""), fontsize=10
     )
     figure.tight_layout()
+    # labels last: their places are measured on the final layout
+    place_labels(ax, labels, bars)
     return figure

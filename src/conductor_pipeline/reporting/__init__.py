@@ -12,7 +12,9 @@ package), so the logic is tested as plain Python:
 No Kedro here; MLflow only where a report reads a run or the registry.
 """
 
-from conductor_pipeline.reporting.display import MissingInput, note, section, show
+import warnings
+
+from conductor_pipeline.reporting.display import MissingInput, headline, note, section, show
 from conductor_pipeline.reporting.runner import (
     ReportFailed,
     ReportResult,
@@ -21,12 +23,17 @@ from conductor_pipeline.reporting.runner import (
     notebook_to_html,
 )
 
+# MLflow imports tqdm.auto, which warns in a kernel without ipywidgets; in a rendered report
+# that warning is a red box about a progress bar the report never shows. Only that message.
+warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
+
 __all__ = [
     "MissingInput",
     "ReportFailed",
     "ReportResult",
     "check_kernel",
     "execute_report",
+    "headline",
     "note",
     "notebook_to_html",
     "section",

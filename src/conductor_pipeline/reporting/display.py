@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -50,10 +51,37 @@ def note(text: str, *, kind: str = "missing") -> None:
     )
 
 
+def _plain_number(value: Any) -> Any:
+    """A whole float as an int (24.0 -> 24), anything else unchanged."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def tidy_table(frame: Any) -> Any:
+    """A copy of a DataFrame where columns of whole numbers show as ints, not ``24.000000``
+    (pandas turns an int column into float as soon as one cell is missing; a column that mixes
+    counts and shares keeps its shares, its counts lose the trailing zeros)."""
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        return frame
+    out = frame.copy()
+    for column in out.columns:
+        values = out[column]
+        if values.dtype == object or pd.api.types.is_float_dtype(values):
+            floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+            if floats and all(v.is_integer() for v in floats):
+                out[column] = values.map(_plain_number).astype(object).where(values.notna(), "")
+            elif values.dtype == object:
+                out[column] = values.map(_plain_number)
+    return out
+
+
 def show(item: Any) -> None:
     """Display a figure (as an embedded PNG), a DataFrame (as a table), a string
     (as Markdown), or a list/tuple of those."""
-    from IPython.display import Image, Markdown, display
+    from IPython.display import HTML, Image, Markdown, display
 
     if item is None:
         return
@@ -67,12 +95,33 @@ def show(item: Any) -> None:
     if isinstance(item, str):
         display(Markdown(item))
         return
+    item = tidy_table(item)
+    if _plain_row_numbers(item):
+        # 0, 1, 2 … in front of every row tells a reader nothing: leave them out
+        display(HTML(item.to_html(index=False, classes="dataframe", border=1)))
+        return
     display(item)
 
 
-def section(title: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _plain_row_numbers(item: Any) -> bool:
+    """True for a DataFrame whose index is just the row number (0 … n-1)."""
+    import pandas as pd
+
+    return (
+        isinstance(item, pd.DataFrame)
+        and isinstance(item.index, pd.RangeIndex)
+        and item.index.start == 0
+        and item.index.step == 1
+        and item.index.name is None
+    )
+
+
+def section(title: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     """A report section: a heading, then whatever ``build(*args, **kwargs)`` returns,
-    or a note when it raises :class:`MissingInput`. Returns the built value (or None)."""
+    or a note when it raises :class:`MissingInput`.
+
+    Returns None on purpose: a notebook cell whose last line is ``section(...)`` would
+    otherwise display the value a second time (a table twice, a figure as its repr)."""
     from IPython.display import Markdown, display
 
     display(Markdown(f"## {title}"))
@@ -80,6 +129,18 @@ def section(title: str, build: Callable[..., Any], *args: Any, **kwargs: Any) ->
         value = build(*args, **kwargs)
     except MissingInput as missing:
         note(str(missing))
-        return None
+        return
     show(value)
-    return value
+
+
+def headline(build: Callable[..., str], *args: Any, **kwargs: Any) -> None:
+    """The report's opening paragraph: ``build(*args, **kwargs)`` (Markdown) in a framed box
+    above everything else, or a note saying why there is none (:class:`MissingInput`)."""
+    from IPython.display import Markdown, display
+
+    try:
+        text = build(*args, **kwargs)
+    except MissingInput as missing:
+        note(f"no headline: {missing}")
+        return
+    display(Markdown(text))

@@ -363,7 +363,7 @@ def example_workflows(
             f"**{row['question_id']}** ({row['domain']}, {row['difficulty']}) — "
             f"answer `{str(row.get('extracted') or row.get('answer') or '')[:80]}`, "
             f"{row.get('verdict') or ('correct' if correct else 'wrong')}; "
-            f"{row.get('n_steps') or 0} steps, ${float(row.get('cost_usd') or 0):.6f}"
+            f"{_steps_text(row.get('n_steps'))}, ${float(row.get('cost_usd') or 0):.6f}"
             + (f"\n\n> {question}" if question else "")
         )
         if row.get("parse_failure"):
@@ -375,9 +375,43 @@ def example_workflows(
     return parts
 
 
+def _count(value: Any) -> int:
+    """A count that may arrive as a float or NaN (a missing workflow has no steps)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) else 0
+
+
+def _steps_text(value: Any) -> str:
+    steps = _count(value)
+    return f"{steps} step" + ("" if steps == 1 else "s")
+
+
+def _p_text(p: float) -> str:
+    """A p-value as people read it: two decimals, or scientific when tiny."""
+    return f"{p:.2f}" if p >= 0.01 else f"{p:.1e}"
+
+
+# the figures of the promotion table, each with how it is written (a count stays an int)
+_FIGURE_FORMATS = {
+    "accuracy": "{:.3f}",
+    "cost_usd_per_q": "{:.6f}",
+    "parse_rate": "{:.3f}",
+    "n": "{:.0f}",
+}
+
+
+def _figure_text(key: str, value: Any) -> str:
+    if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return _FIGURE_FORMATS[key].format(value)
+
+
 def _figures_row(figures: dict[str, Any] | None) -> dict[str, Any]:
     figures = figures or {}
-    return {k: figures.get(k) for k in ("accuracy", "cost_usd_per_q", "parse_rate", "n")}
+    return {k: figures.get(k) for k in _FIGURE_FORMATS}
 
 
 def promotion_summary(decision: dict[str, Any]) -> list[Any]:
@@ -409,6 +443,9 @@ def promotion_summary(decision: dict[str, Any]) -> list[Any]:
                 (c - p) if isinstance(c, int | float) and isinstance(p, int | float) else None
                 for c, p in zip(table["challenger"], table["champion"], strict=True)
             ]
+        # written out per row: a float column would print the count n as 24.000000
+        for column in table.columns:
+            table[column] = [_figure_text(k, v) for k, v in table[column].items()]
         parts.append(table)
     if decision.get("champion_source"):
         parts.append(f"*Champion figures: {decision['champion_source']}.*")
@@ -458,3 +495,186 @@ def registry_versions(tracking_uri: str, name: str = "conductor", limit: int = 1
     if not rows:
         raise MissingInput(f"registered model {name!r} has no versions")
     return pd.DataFrame(rows)
+
+
+# systems that are not baselines to beat: the oracle reads the answer key (an upper bound),
+# and the Conductor systems are the Conductor itself, its warm start and its base policy
+NOT_BASELINES = frozenset({"oracle", *CONDUCTOR_SYSTEMS})
+SIGNIFICANCE = 0.05
+
+
+def _reference(summary: pd.DataFrame) -> str:
+    systems = list(summary["system"])
+    for name in ("conductor", *CONDUCTOR_SYSTEMS):
+        if name in systems:
+            return name
+    raise MissingInput("the evaluation summary has no Conductor row")
+
+
+def best_baseline(summary: pd.DataFrame) -> pd.Series:
+    """The baseline the Conductor has to beat: the most accurate system that is neither a
+    Conductor variant nor the oracle; the cheaper one on a tie in accuracy."""
+    rows = summary[~summary["system"].isin(NOT_BASELINES)].dropna(subset=["accuracy"])
+    if rows.empty:
+        raise MissingInput("the evaluation summary has no baseline to compare the Conductor with")
+    cost = rows["cost_usd_per_q"].fillna(math.inf)
+    order = rows.assign(_cost=cost).sort_values(["accuracy", "_cost"], ascending=[False, True])
+    return order.iloc[0]
+
+
+def paired_difference_ci(
+    results: pd.DataFrame,
+    system: str,
+    other: str,
+    *,
+    samples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, int]:
+    """Percentile bootstrap interval of accuracy(system) − accuracy(other) over the
+    questions both answered (resampling questions, so the pairing is kept), and how many
+    questions that is."""
+    import numpy as np
+
+    def correct(name: str) -> pd.Series:
+        rows = results[results["system"] == name]
+        return rows.groupby("question_id")["correct"].first().astype(bool)
+
+    mine, theirs = correct(system), correct(other)
+    shared = mine.index.intersection(theirs.index)
+    if not len(shared):
+        raise MissingInput(f"no question answered by both {system} and {other}")
+    diff = mine.loc[shared].to_numpy(dtype=float) - theirs.loc[shared].to_numpy(dtype=float)
+    rng = np.random.default_rng(seed)
+    means = rng.choice(diff, size=(samples, diff.size), replace=True).mean(axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(low), float(high), int(diff.size)
+
+
+def _points(value: float) -> str:
+    return f"{100 * value:+.1f}".replace("-", "−")
+
+
+def _what_it_learned(routing_table: pd.DataFrame, system: str) -> str | None:
+    """A sentence on the Conductor's routing: the worker that writes the answer per domain
+    (grouped when one worker takes several), and the share of multi-step workflows."""
+    from conductor_pipeline.evaluation.routing import ALL_DOMAINS, MULTI_STEP, NO_WORKFLOW
+
+    mine = routing_table[routing_table["system"] == system]
+    workers = mine[(mine["kind"] == "worker") & (mine["value"] != NO_WORKFLOW)]
+    workers = workers[workers["domain"] != ALL_DOMAINS]
+    if workers.empty:
+        return None
+    top = workers.sort_values("share", ascending=False).drop_duplicates("domain")
+    by_worker: dict[str, list[str]] = {}
+    for row in top.sort_values("domain").to_dict(orient="records"):
+        by_worker.setdefault(str(row["value"]), []).append(
+            f"{row['domain']} {100 * float(row['share']):.0f}%"
+        )
+    parts = [
+        f"to {_sim(worker)} in {', '.join(domains)}"
+        for worker, domains in sorted(by_worker.items(), key=lambda kv: -len(kv[1]))
+    ]
+    sentence = (
+        "**What the Conductor learned:** per domain, the answer step goes most often "
+        + "; ".join(parts)
+        + " (share of that domain's questions)"
+    )
+    multi = mine[
+        (mine["kind"] == "workflow")
+        & (mine["value"] == MULTI_STEP)
+        & (mine["domain"] == ALL_DOMAINS)
+    ]
+    if len(multi):
+        sentence += (
+            f"; {100 * float(multi['share'].iloc[0]):.0f}% of its workflows have more than one step"
+        )
+    return sentence + "."
+
+
+def evaluation_headline(
+    summary: pd.DataFrame,
+    results: pd.DataFrame | None = None,
+    routing_table: pd.DataFrame | None = None,
+) -> str:
+    """The report's opening paragraph (Markdown): who won, the Conductor against the best
+    baseline with the accuracy margin, its 95 % paired bootstrap interval (from the
+    per-question ``results``) and the exact McNemar p (the summary's
+    ``p_value_vs_conductor``), the cost ratio, the oracle's ceiling, and what the Conductor
+    learned (from the routing table, ``evaluation_routing.csv``)."""
+    reference = _reference(summary)
+    mine = summary[summary["system"] == reference].iloc[0]
+    base = best_baseline(summary)
+    name = _system_label(str(base["system"]))
+    n = _count(mine.get("n"))
+    acc, base_acc = float(mine["accuracy"]), float(base["accuracy"])
+    margin = acc - base_acc
+    p = base.get("p_value_vs_conductor")
+    p = float(p) if isinstance(p, int | float) and not math.isnan(float(p)) else None
+    significant = p is not None and p < SIGNIFICANCE
+    me = "the Conductor" if reference == "conductor" else f"the {reference}"
+    subject = me[0].upper() + me[1:]
+    if abs(margin) < 1e-12:
+        text = (
+            f"**No winner:** {me} and the best baseline, {name}, both answer "
+            f"{100 * acc:.1f}% of {n} test questions"
+        )
+    elif margin > 0:
+        text = (
+            f"**Winner: {me}** — {100 * acc:.1f}% of {n} test questions against "
+            f"{100 * base_acc:.1f}% for the best baseline, {name}; "
+            f"{100 * margin:.1f} points ahead"
+        )
+    else:
+        text = (
+            f"**Winner: {name}** (the best baseline) — {100 * base_acc:.1f}% of {n} test "
+            f"questions against {100 * acc:.1f}% for {me}; {me} is "
+            f"{100 * -margin:.1f} points behind"
+        )
+    stats = []
+    if results is not None:
+        try:
+            low, high, _ = paired_difference_ci(results, reference, str(base["system"]))
+        except MissingInput:
+            pass
+        else:
+            stats.append(
+                f"95% paired bootstrap CI of {me} − {name}: {_points(low)} to {_points(high)} points"
+            )
+    if p is not None:
+        stats.append(f"exact McNemar p = {_p_text(p)}")
+    if stats:
+        text += f" ({'; '.join(stats)})"
+    text += "."
+    if margin and p is not None and not significant:
+        text += (
+            f" The difference is not significant at the 5% level: this evaluation cannot "
+            f"tell {me} and {name} apart."
+        )
+    elif margin and significant:
+        text += " The difference is significant at the 5% level."
+    cost, base_cost = float(mine["cost_usd_per_q"]), float(base["cost_usd_per_q"])
+    if base_cost > 0 and math.isfinite(cost):
+        text += (
+            f" {subject} spends {cost / base_cost:.1f}× the worker cost per question of "
+            f"{name} (${cost:.6f} against ${base_cost:.6f})."
+        )
+    elif math.isfinite(cost):
+        text += f" {subject} spends ${cost:.6f} per question; {name} costs nothing."
+    oracle = summary[summary["system"] == "oracle"]
+    if len(oracle) and pd.notna(oracle["accuracy"].iloc[0]):
+        text += (
+            f" The oracle (a correct worker whenever one exists, read from the answer key) "
+            f"reaches {100 * float(oracle['accuracy'].iloc[0]):.1f}%."
+        )
+    learned = None
+    # the routing table needs the full per-question results (workflow details, split)
+    if routing_table is None and results is not None and {"detail", "split"} <= set(results):
+        try:
+            routing_table = routing(results)
+        except MissingInput:
+            routing_table = None
+    if routing_table is not None:
+        learned = _what_it_learned(routing_table, reference)
+    return text + (f"\n\n{learned}" if learned else "")

@@ -23,6 +23,8 @@ import pandas as pd
 from conductor_pipeline.reporting.display import MissingInput, new_figure
 
 STAGES = ("grpo", "recursion")
+# the training reward (correctness minus a cost penalty, floored) lies in this range
+REWARD_RANGE = (0.0, 1.0)
 _OTHER_PREFIXES = ("sft/", "training/")
 
 
@@ -144,16 +146,21 @@ def reward_figure(history: pd.DataFrame):
         ax.plot(part["step"], part["value"], marker=".", label=f"mean reward ({stage})")
         if stage in std:
             merged = part.merge(std[stage], on="step", suffixes=("", "_std"))
+            # the reward lives in [0, 1]; a band past it would show rewards no rollout can get
+            low, high = REWARD_RANGE
             ax.fill_between(
                 merged["step"],
-                merged["value"] - merged["value_std"],
-                merged["value"] + merged["value_std"],
+                (merged["value"] - merged["value_std"]).clip(low, high),
+                (merged["value"] + merged["value_std"]).clip(low, high),
                 alpha=0.15,
             )
     _line_plot(ax, stage_series(history, "reward/correctness_mean"), "correctness", linestyle="--")
     _step_axis(ax)
     ax.set_ylabel("reward")
-    ax.set_title("Reward per GRPO step (band: ± one standard deviation across rollouts)")
+    ax.set_ylim(REWARD_RANGE[0] - 0.05, REWARD_RANGE[1] + 0.05)
+    ax.set_title(
+        "Reward per GRPO step (band: ± one standard deviation across rollouts, within [0, 1])"
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     figure.tight_layout()
@@ -427,20 +434,24 @@ def overview_table(
         facts["workers"] = ", ".join(info["worker_names"])
     if not facts:
         raise MissingInput("neither the registered version nor the adapter info is available")
-    return pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]})
+    return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
 
 
 def rollout_examples(path: str | Path | None, per_phase: int = 3) -> list[Any]:
     """Sample workflows from the earliest and the latest logged steps.
 
-    Reads a JSONL file of rollout samples (``step``, ``completion`` or ``workflow_text``,
-    optional ``reward``, ``parsed``, ``question``). Training writes none yet, so this section
-    says so until it does.
+    Reads the JSONL file of rollout samples training writes (``step``, ``completion`` or
+    ``workflow_text``, optional ``reward``, ``parsed``, ``question``); see
+    :func:`resolve_rollout_samples` for where it is found.
     """
     if not path or not Path(path).is_file():
         raise MissingInput(
-            "no rollout samples: the training stage does not save sample completions yet "
-            f"(expected a JSONL file of step/completion/reward records{f' at {path}' if path else ''})"
+            "no rollout samples: "
+            + (
+                f"{path} does not exist"
+                if path
+                else "neither reporting.rollout_samples nor the adapter info names a file"
+            )
         )
     samples = pd.read_json(path, lines=True)
     if samples.empty or "step" not in samples:
@@ -466,3 +477,174 @@ def rollout_examples(path: str | Path | None, per_phase: int = 3) -> list[Any]:
                 f"*{' · '.join(header)}*\n\n```text\n{str(row[text_column]).strip()[:1500]}\n```"
             )
     return parts
+
+
+def read_adapter_info(path: str | Path | None) -> dict[str, Any]:
+    """What training returned (``conductor_adapter_info``), or ``{}`` when it is missing."""
+    try:
+        return _read_json(path, "the adapter info")
+    except MissingInput:
+        return {}
+
+
+def resolve_rollout_samples(
+    explicit: str | Path | None,
+    adapter_info: dict[str, Any] | None,
+    root: str | Path | None = None,
+) -> Path | None:
+    """Where the rollout samples are: ``explicit`` (the ``reporting.rollout_samples``
+    setting) when given, else the file training recorded in its adapter info
+    (``rollout_samples``, ``data/06_models/conductor/runs/<fingerprint>/rollout_samples.jsonl``).
+
+    Training records that path relative to the project root, while the notebook runs in
+    ``notebooks/``; a relative path is therefore resolved against ``root`` (default: the
+    project root), never the working directory. None when neither names a file."""
+    if explicit:
+        return Path(explicit)
+    recorded = (adapter_info or {}).get("rollout_samples")
+    if not recorded:
+        return None
+    path = Path(recorded)
+    if not path.is_absolute():
+        if root is None:
+            from conductor_pipeline.paths import project_root
+
+            root = project_root()
+        path = Path(root) / path
+    return path
+
+
+def sft_loss(
+    history: pd.DataFrame | None,
+    adapter_info: dict[str, Any] | None = None,
+    sft_history_path: str | Path | None = None,
+) -> tuple[pd.DataFrame, str]:
+    """The warm start's loss per step as ``frame(step, loss)`` and where it came from.
+
+    Sources, first found wins: the MLflow metric ``sft/loss`` (in ``history``), a per-step
+    table at ``sft_history_path`` (columns ``step`` and ``loss`` or ``sft/loss``), the
+    ``history`` records of the adapter info's ``sft`` entry. Raises :class:`MissingInput`
+    naming what is there instead (often only ``sft/final_loss``)."""
+    if history is not None and "sft/loss" in history:
+        part = history[["step", "sft/loss"]].dropna()
+        if len(part):
+            return part.rename(columns={"sft/loss": "loss"}).reset_index(drop=True), (
+                "the MLflow metric sft/loss"
+            )
+    if sft_history_path and Path(sft_history_path).is_file():
+        table = _read_table(sft_history_path)
+        column = next((c for c in ("loss", "sft/loss") if c in table), None)
+        if column and "step" in table and len(table.dropna(subset=[column])):
+            part = table[["step", column]].dropna().rename(columns={column: "loss"})
+            return part.sort_values("step").reset_index(drop=True), str(sft_history_path)
+    sft = (adapter_info or {}).get("sft") or {}
+    records = sft.get("history") if isinstance(sft, dict) else None
+    if records:
+        table = pd.DataFrame(records)
+        if {"step", "loss"} <= set(table.columns) and len(table.dropna(subset=["loss"])):
+            part = table[["step", "loss"]].dropna().sort_values("step")
+            return part.reset_index(drop=True), "the adapter info's SFT history"
+    final = sft.get("final_loss") if isinstance(sft, dict) else None
+    if sft.get("reused"):
+        raise MissingInput("no SFT loss curve: the warm start was reused from an earlier run")
+    detail = (
+        f"only the final loss ({float(final):.3f} after {sft.get('steps')} steps) was recorded"
+        if isinstance(final, int | float)
+        else "no SFT loss was recorded"
+    )
+    raise MissingInput(
+        f"no SFT loss curve: this run logged no per-step SFT loss (MLflow metric sft/loss); "
+        f"{detail}"
+    )
+
+
+def sft_loss_figure(
+    history: pd.DataFrame | None,
+    adapter_info: dict[str, Any] | None = None,
+    sft_history_path: str | Path | None = None,
+):
+    """The warm start's (SFT) training loss per step."""
+    loss, source = sft_loss(history, adapter_info, sft_history_path)
+    figure = new_figure(8.0, 3.6)
+    ax = figure.add_subplot(1, 1, 1)
+    ax.plot(loss["step"], loss["loss"], marker=".", label="SFT loss")
+    _step_axis(ax)
+    ax.set_xlabel("SFT step")
+    ax.set_ylabel("loss (completion tokens)")
+    ax.set_title(f"Warm start: SFT loss per step (from {source})", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def _first_last(history: pd.DataFrame, metric: str) -> tuple[str, float, float, int, int] | None:
+    """``(stage, first, last, first step, last step)`` of the first stage that logged
+    ``<stage>/<metric>``."""
+    for stage, part in stage_series(history, metric).items():
+        return (
+            stage,
+            float(part["value"].iloc[0]),
+            float(part["value"].iloc[-1]),
+            int(part["step"].iloc[0]),
+            int(part["step"].iloc[-1]),
+        )
+    return None
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def training_headline(history: pd.DataFrame, adapter_info: dict[str, Any] | None = None) -> str:
+    """One paragraph (Markdown) on what GRPO changed between its first and last logged
+    step: mean reward, parse rate, and the workers whose share of workflow steps moved
+    most; plus the warm start's loss when it was logged per step."""
+    reward = _first_last(history, "reward/mean")
+    if reward is None:
+        raise MissingInput("the training history has no '<stage>/reward/mean' metric")
+    stage, first, last, step0, step1 = reward
+    name = "GRPO" if stage == "grpo" else stage
+    steps = step1 - step0 + 1
+    direction = "rose" if last > first + 1e-9 else "fell" if last < first - 1e-9 else "stayed"
+    sentences = [
+        f"**What {name} changed** over {steps} logged step{'s' if steps != 1 else ''} "
+        f"({step0} → {step1}): the mean reward {direction} "
+        + (f"at {last:.2f}" if direction == "stayed" else f"from {first:.2f} to {last:.2f}")
+    ]
+    parse = _first_last(history, "rollouts/parse_rate")
+    if parse is not None:
+        sentences[-1] += (
+            f", and the share of rollouts that parse as a workflow went from "
+            f"{_pct(parse[1])} to {_pct(parse[2])}"
+        )
+    sentences[-1] += "."
+    try:
+        usage = worker_usage(history)
+    except MissingInput:
+        usage = None
+    if usage is not None and len(usage):
+        start, end = usage.iloc[0].drop("step"), usage.iloc[-1].drop("step")
+        moved = (end - start).abs().sort_values(ascending=False)
+        shown = [w for w in moved.index if moved[w] >= 0.05][:4] or [end.idxmax()]
+        changes = ", ".join(f"{_worker_label(w)} {_pct(start[w])} → {_pct(end[w])}" for w in shown)
+        top = end.idxmax()
+        sentences.append(
+            f"Share of workflow steps per worker, first → last step: {changes}; at the last "
+            f"step the Conductor calls {_worker_label(top)} most ({_pct(end[top])})."
+        )
+    sft = (adapter_info or {}).get("sft") or {}
+    try:
+        loss, _ = sft_loss(history, adapter_info)
+    except MissingInput:
+        loss = None
+    if loss is not None and len(loss) > 1:
+        sentences.append(
+            f"The warm start (SFT) took the loss from {loss['loss'].iloc[0]:.3f} to "
+            f"{loss['loss'].iloc[-1]:.3f} in {int(loss['step'].iloc[-1])} steps."
+        )
+    elif isinstance(sft, dict) and isinstance(sft.get("final_loss"), int | float):
+        sentences.append(
+            f"The warm start (SFT, {sft.get('steps')} steps) ended at loss "
+            f"{float(sft['final_loss']):.3f}."
+        )
+    return " ".join(sentences)
