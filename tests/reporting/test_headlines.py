@@ -220,3 +220,24 @@ def test_counts_are_written_as_integers():
     assert table.loc["accuracy", "challenger"] == "0.750"
     tidy = tidy_table(pd.DataFrame({"n": [24.0, None], "share": [0.5, 1.0]}))
     assert list(tidy["n"]) == [24, ""] and list(tidy["share"]) == [0.5, 1.0]
+
+
+def test_sft_steps_do_not_count_as_training_steps(tmp_path):
+    # SFT logs sft/loss at its own steps 1 … 5; GRPO ran 3 steps
+    history = _history().merge(
+        pd.DataFrame({"step": range(1, 6), "sft/loss": [2.0, 1.5, 1.0, 0.7, 0.5]}), how="outer"
+    )
+    assert list(tr.stage_steps(history)) == [1, 2, 3]
+    assert tr.describe_history(history, "run x") == (
+        "3 logged training steps and 5 SFT steps, read from run x."
+    )
+    history = history.assign(**{"grpo/domain/math/worker/sim-sage": [0.5, 1.0, 1.0, None, None]})
+    figure = tr.routing_figure(history)
+    assert figure.axes[0].get_xlim() == (1.0, 3.0)  # the GRPO steps, not the SFT ones
+    assert tr.default_sft_history(tmp_path) is None
+    table = tmp_path / "data" / "08_reporting" / "sft_history.csv"
+    table.parent.mkdir(parents=True)
+    table.write_text("step,loss,grad_norm,learning_rate\n1,2.0,1.0,0.0001\n2,1.0,0.5,0.0001\n")
+    assert tr.default_sft_history(tmp_path) == table
+    loss, source = tr.sft_loss(_history(), {}, tr.default_sft_history(tmp_path))
+    assert list(loss["loss"]) == [2.0, 1.0] and source == str(table)

@@ -97,6 +97,7 @@ def test_training_report_page(tmp_path, project, training_run):
     assert "the mean reward rose from 0.28 to 0.84" in html
     assert "SFT) took the loss from 2.400 to 0.300 in 4 steps" in html
     assert html.count(">registered version<") == 1, "the overview table is shown once"
+    assert "8 logged training steps and 4 SFT steps, read from MLflow run" in html
     assert (
         "Warm start: SFT loss" in html
         and "the MLflow metric sft/loss" not in html.split("Warm start: SFT loss")[0]

@@ -47,7 +47,7 @@ def test_training_report_has_curves_from_the_mlflow_history(tmp_path, training_r
     # reward, parse rate, worker usage, cost per rollout
     assert _images(html) >= 4, "expected the four training plots as embedded PNG images"
     assert "Start and end of training" in html and "conductor/1" in html
-    assert "8 logged steps, read from MLflow run" in html
+    assert "8 logged training steps, read from MLflow run" in html
     assert "rollout samples" in html  # the missing piece is named, not silently skipped
     assert "tr.reward_figure" not in html and "import json" not in html  # no code cells
     assert (tmp_path / "reports" / "training_report.ipynb").is_file()

@@ -105,6 +105,35 @@ def load_history(
     raise MissingInput("no training metrics: " + "; ".join(reasons))
 
 
+def stage_steps(history: pd.DataFrame) -> pd.Series:
+    """The steps at which a GRPO or recursion metric was logged (the SFT warm start logs
+    ``sft/loss`` at its own steps 1 … n, which share the step column)."""
+    columns = [c for c in history.columns if str(c).split("/", 1)[0] in STAGES]
+    if not columns:
+        return pd.Series([], dtype=float)
+    return history.loc[history[columns].notna().any(axis=1), "step"]
+
+
+def describe_history(history: pd.DataFrame, source: str) -> str:
+    """The note under the overview: how many steps of each stage, and where from."""
+    parts = [f"{len(stage_steps(history))} logged training steps"]
+    if "sft/loss" in history:
+        parts.append(f"{int(history['sft/loss'].notna().sum())} SFT steps")
+    return f"{' and '.join(parts)}, read from {source}."
+
+
+def default_sft_history(root: str | Path | None = None) -> Path | None:
+    """The per-step SFT table training writes (catalog ``sft_history``,
+    ``data/08_reporting/sft_history.csv``) when it exists: the fallback for a run whose
+    MLflow record has no ``sft/loss``."""
+    if root is None:
+        from conductor_pipeline.paths import project_root
+
+        root = project_root()
+    path = Path(root) / "data" / "08_reporting" / "sft_history.csv"
+    return path if path.is_file() else None
+
+
 def stage_series(history: pd.DataFrame, metric: str) -> dict[str, pd.DataFrame]:
     """``{stage: frame(step, value)}`` of ``<stage>/<metric>`` for each stage present."""
     out = {}
@@ -317,7 +346,8 @@ def routing_figure(history: pd.DataFrame):
         _answer_panel(figure.add_subplot(nrows, ncols, i + 1), domain, shares, colours)
     if shapes is not None:
         _shape_panel(figure.add_subplot(nrows, ncols, panels), shapes)
-    first, last = history["step"].min(), history["step"].max()
+    steps = stage_steps(history)  # the GRPO steps, not the SFT steps logged alongside
+    first, last = (steps.min(), steps.max()) if len(steps) else (0, 0)
     if last > first:  # one step axis for every panel, though a domain is not sampled each step
         for ax in figure.axes:
             ax.set_xlim(first, last)
