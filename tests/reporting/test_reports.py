@@ -189,3 +189,18 @@ def test_a_missing_kernel_is_reported_with_the_fix(tmp_path):
     nbformat.write(new_notebook(cells=[new_code_cell("1")]), template)
     with pytest.raises(ReportFailed, match="ipykernel install --sys-prefix --name no-such-kernel"):
         execute_report(template, tmp_path, {}, kernel_name="no-such-kernel")
+
+
+def test_report_kernels_talk_over_local_sockets_and_log_no_tcp_warning(tmp_path, capfd):
+    template = tmp_path / "tiny.ipynb"
+    nbformat.write(
+        new_notebook(
+            cells=[new_code_cell("import os\nprint('pid', os.getpid())")],
+            metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}},
+        ),
+        template,
+    )
+    result = execute_report(template, tmp_path / "out", {})
+    assert "pid" in result.html
+    captured = capfd.readouterr()  # the kernel writes its log to the inherited stderr
+    assert "without encryption" not in captured.err + captured.out

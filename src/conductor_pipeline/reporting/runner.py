@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,26 @@ def check_kernel(kernel_name: str = DEFAULT_KERNEL) -> None:
             f"kernel for it with `{sys.executable} -m ipykernel install --sys-prefix --name "
             "conductor-pipeline` and set reporting.kernel_name: conductor-pipeline"
         )
+
+
+def ipc_kernel_manager(folder: str | Path) -> type:
+    """A kernel manager class whose kernels talk over Unix sockets in ``folder``.
+
+    Over TCP (the default) every kernel logs "Kernel is running over TCP without
+    encryption" into the run's log; local IPC sockets in a private folder carry no such
+    risk and so no warning. ``folder`` must have a short path (a socket path has at most
+    ~100 characters)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    prefix = str(Path(folder) / "kernel")
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs: Any) -> None:
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", prefix)
+            super().__init__(**kwargs)
+
+    return IPCKernelManager
 
 
 def _describe_failure(err: Exception) -> str:
@@ -126,6 +147,7 @@ def execute_report(
     check_kernel(kernel_name)
 
     started = time.perf_counter()
+    sockets = tempfile.mkdtemp(prefix="report-kernel-")  # private (0700), short path
     try:
         pm.execute_notebook(
             str(template),
@@ -135,6 +157,7 @@ def execute_report(
             cwd=str(cwd) if cwd else None,
             progress_bar=False,
             execution_timeout=timeout_s,
+            kernel_manager_class=ipc_kernel_manager(sockets),
         )
     except Exception as err:
         kept = None
@@ -145,6 +168,8 @@ def execute_report(
         if kept is not None:
             message += f" (partial notebook kept at {kept})"
         raise ReportFailed(message, partial_notebook=kept) from err
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     seconds = time.perf_counter() - started
     html = notebook_to_html(executed)
     if write_html:
