@@ -254,3 +254,26 @@ def test_trained_project_moved_then_champion_resolves_and_generates(
     )
     assert completion.text is not None
     assert not any(str(old) in loc for loc in _locations(new / "mlruns" / "mlflow.db"))
+
+
+def test_kedro_in_a_moved_project_opens_the_rerooted_experiment(tmp_path, isolated):
+    # the hook re-roots the store before kedro-mlflow reads the experiment, whose stored
+    # artifact location decides where the run's artifacts go
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    _store_with_champion(old)
+    shutil.copytree(REPO / "conf" / "base", old / "conf" / "base")
+    (old / "conf" / "local").mkdir()
+    (old / "src").mkdir()
+    shutil.move(old, new)
+    isolated.chdir(new)
+    bootstrap_project(new)
+    with KedroSession.create(project_path=new) as session:
+        context = session.load_context()
+        experiment = context.mlflow.tracking.experiment._experiment
+    assert experiment.name == "conductor"
+    assert (
+        experiment.artifact_location.removeprefix("file://") == f"{new.resolve()}/mlruns/artifacts"
+    )
