@@ -179,3 +179,94 @@ def test_the_summary_says_when_the_conductor_leads_and_when_outputs_are_missing(
     assert "Champion: no promotion decision in this run" in text
     empty = run_summary(tmp_path / "nothing")
     assert "evaluation_summary.csv not written" in empty
+
+
+# -- a missing prerequisite: one message naming the fix -----------------------------------------------
+
+
+@pytest.mark.slow
+def test_kedro_run_env_gpu_without_the_benchmarks_names_the_fix_without_a_traceback(tmp_path):
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
+    (root / "conf" / "local").mkdir()
+    (root / "mlruns").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("CONDUCTOR_PROJECT_ROOT",)}
+    env.update(
+        HF_HOME=str(tmp_path / "hf"),  # an empty Hugging Face cache: no benchmark is there
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}",
+        COLUMNS="200",
+    )
+    kedro = Path(sys.executable).parent / "kedro"
+    done = subprocess.run(
+        [str(kedro), "run", "--env", "gpu", "--pipelines", "data_prep"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "Traceback" not in log and 'File "' not in log, log[-3000:]
+    assert "Cannot run: data_prep.sources.math500: the dataset is not on this machine" in log
+    assert "Fix: download it into the Hugging Face cache" in log
+    assert "data_prep.sources.math500.data_files" in log
+    assert len(log.splitlines()) < 150
+
+
+def test_setup_errors_are_found_through_wrapping_and_name_their_fix():
+    from conductor_pipeline.pipelines.data_prep.preflight import (
+        SetupError,
+        check_gpu,
+        find_setup_error,
+        missing_key_error,
+    )
+
+    with pytest.raises(SetupError) as raised:
+        check_gpu(["training.grpo.use_vllm"], cuda_available=False)
+    assert "training.grpo.use_vllm need a CUDA GPU" in str(raised.value)
+    assert "Fix: run `kedro run --env gpu` on a machine with an NVIDIA GPU" in str(raised.value)
+    check_gpu(["training.grpo.use_vllm"], cuda_available=True)
+    check_gpu([], cuda_available=False)
+
+    try:
+        try:
+            raise raised.value
+        except SetupError as inner:
+            raise RuntimeError("wrapped by a runner") from inner
+    except RuntimeError as outer:
+        assert find_setup_error(outer) is raised.value
+    assert find_setup_error(ValueError("other")) is None
+
+    from conductor_pipeline.workers.config import WorkerConfigError
+
+    key = missing_key_error(
+        WorkerConfigError(
+            "worker_pool.workers[2] (gpt-5): 'api_key_env' names the environment variable "
+            "'OPENAI_API_KEY', which is not set"
+        )
+    )
+    assert key is not None and "OPENAI_API_KEY" in str(key)
+    assert "conf/local/credentials.yml" in key.fix
+    assert missing_key_error(WorkerConfigError("worker_pool.workers[0]: 'model' missing")) is None
+
+
+def test_the_training_node_refuses_vllm_without_a_gpu_before_loading_anything(monkeypatch):
+    from conductor_pipeline.pipelines.data_prep import preflight
+    from conductor_pipeline.pipelines.training import nodes
+
+    real_check = preflight.check_gpu
+    monkeypatch.setattr(nodes, "check_gpu", lambda needed: real_check(needed, cuda_available=False))
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("the pool must not be opened")
+
+    monkeypatch.setattr(nodes, "open_worker_pool", no_pool)
+    with pytest.raises(preflight.SetupError, match="training.grpo.use_vllm"):
+        nodes.train_conductor_node(
+            pd.DataFrame(), {"grpo": {"use_vllm": True}}, None, {"kind": "sandbox"}, {}
+        )

@@ -70,6 +70,7 @@ from kedro.config import OmegaConfigLoader  # noqa: E402
 from conductor_pipeline.distributed import is_main_process  # noqa: E402
 from conductor_pipeline.hooks import MlflowRunHooks, ProjectHooks  # noqa: E402
 from conductor_pipeline.paths import project_root  # noqa: E402
+from conductor_pipeline.pipelines.data_prep.preflight import SetupErrorHooks  # noqa: E402
 from conductor_pipeline.run_summary import RunSummaryHooks  # noqa: E402
 
 
@@ -78,7 +79,7 @@ def _project_root_resolver(*_: str) -> str:
     return project_root().as_posix()
 
 
-HOOKS = (ProjectHooks(), MlflowRunHooks(), RunSummaryHooks())
+HOOKS = (ProjectHooks(), MlflowRunHooks(), RunSummaryHooks(), SetupErrorHooks())
 
 # Several processes (`accelerate launch --num_processes N -m kedro run`): only the main one
 # opens the kedro-mlflow run; the others log nothing (one run per `kedro run`, not N).

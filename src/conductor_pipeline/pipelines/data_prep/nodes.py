@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from conductor_pipeline.pipelines.data_prep.preflight import SetupError
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.tasks.sources import SOURCES, load_source
 from conductor_pipeline.tasks.splits import (
@@ -83,6 +84,15 @@ def collect_tasks(params: dict[str, Any]) -> pd.DataFrame:
             loaded = load_source(name, seed=params["seed"], **(options or {}))
         except (ValueError, TypeError) as err:
             raise ValueError(f"data_prep.sources.{name}: {err}") from err
+        except (RuntimeError, FileNotFoundError) as err:
+            # a benchmark that is neither in the Hugging Face cache nor at its data_files path
+            raise SetupError(
+                f"data_prep.sources.{name}: the dataset is not on this machine ({err})",
+                f"download it into the Hugging Face cache on a machine with network access and "
+                f"copy the cache here, or point data_prep.sources.{name}.data_files at a local "
+                f"copy (conf/local/parameters_data_prep.yml), or drop the source from "
+                f"data_prep.sources; the CPU sandbox needs no download: `make run`",
+            ) from err
         logger.info("source %s: %d tasks", name, len(loaded))
         tasks.extend(loaded)
     return _to_frame(tasks)

@@ -17,10 +17,12 @@ import pandas as pd
 
 from conductor_pipeline.distributed import broadcast_from_main, is_main_process
 from conductor_pipeline.paths import project_root
+from conductor_pipeline.pipelines.data_prep.preflight import check_gpu, missing_key_error
 from conductor_pipeline.registry import local_adapter, portable_adapter, set_version_description
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import PoolInfo, train_conductor
+from conductor_pipeline.workers.config import WorkerConfigError
 from conductor_pipeline.workers.runtime import open_worker_pool
 
 logger = logging.getLogger(__name__)
@@ -80,16 +82,24 @@ def train_conductor_node(
     config = TrainingConfig.from_params(params)
     tasks = _tasks(train_tasks)
     start_adapter = _start_adapter(start_from)
-    # the configured pool; the sandbox server is started when the pool is the sandbox
-    with open_worker_pool(worker_pool_config, worker_credentials, root=project_root()) as pool:
-        result = train_conductor(
-            tasks,
-            PoolInfo.from_pool(pool),
-            config,
-            prompt=prompt,
-            start_adapter=start_adapter,
-            log_metrics=log_metrics_to_mlflow,
-        )
+    # a missing GPU or key: one message naming the fix, before any model is loaded
+    check_gpu(["training.grpo.use_vllm"] if config.grpo.use_vllm else [])
+    try:
+        # the configured pool; the sandbox server is started when the pool is the sandbox
+        with open_worker_pool(worker_pool_config, worker_credentials, root=project_root()) as pool:
+            result = train_conductor(
+                tasks,
+                PoolInfo.from_pool(pool),
+                config,
+                prompt=prompt,
+                start_adapter=start_adapter,
+                log_metrics=log_metrics_to_mlflow,
+            )
+    except WorkerConfigError as err:
+        missing = missing_key_error(err)
+        if missing is None:
+            raise
+        raise missing from err
     info = result.to_dict()
     log_metrics_to_mlflow(
         {f"training/seconds_{k}": v for k, v in result.seconds.items()}
