@@ -14,11 +14,10 @@ export KEDRO_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export MLFLOW_TRACKING_URI := sqlite:///$(CURDIR)/mlruns/mlflow.db
 export TOKENIZERS_PARALLELISM := false
-# kedro-mlflow's own PythonModel subclass makes MLflow warn (in ANSI colours) about predict()
-# type hints when the plugin is imported, before the project's settings.py can filter it;
-# the message starts with the colour code, so the filter does too
-ESC := $(shell printf '\033')
-export PYTHONWARNINGS := ignore:$(ESC)[33mAdd type hints to the `predict` method:UserWarning
+# Kedro's logging plus a filter for known third-party noise, from the first line on
+# (conf/base/logging.yml; the allowlist lets Kedro load the filter class)
+export KEDRO_LOGGING_CONFIG := $(CURDIR)/conf/base/logging.yml
+export KEDRO_LOGGING_MODULE_ALLOWLIST := conductor_pipeline.log_filters
 
 .PHONY: install run test test-fast bench lint clean-data notebooks viz
 

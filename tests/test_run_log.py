@@ -19,15 +19,25 @@ import yaml
 from conductor_pipeline.run_summary import MLFLOW_UI_COMMAND, run_summary
 
 REPO = Path(__file__).resolve().parents[1]
-# what the Makefile exports (its comment says why)
-MAKEFILE_PYTHONWARNINGS = "ignore:\x1b[33mAdd type hints to the `predict` method:UserWarning"
+# the logging set-up the Makefile exports (its comment says why)
+MAKEFILE_LOGGING = {
+    "KEDRO_LOGGING_CONFIG": "$(CURDIR)/conf/base/logging.yml",
+    "KEDRO_LOGGING_MODULE_ALLOWLIST": "conductor_pipeline.log_filters",
+}
+
+
+def _make_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "CONDUCTOR_PROJECT_ROOT"}
+    env.update({k: v.replace("$(CURDIR)", str(REPO)) for k, v in MAKEFILE_LOGGING.items()})
+    env.update(COLUMNS="200", **extra)
+    return env
+
 
 # the noise `make run` printed before (issue 14), none of which may come back
 KNOWN_NOISE = (
     "Task was destroyed but it is pending",
     "register_new_resolver() is deprecated",
-    # (MLflow's "Add type hints to the `predict` method", raised when kedro-mlflow is imported,
-    # is filtered by the Makefile's PYTHONWARNINGS; in this in-process runner it still shows)
+    "Add type hints to the `predict` method",
     "Passing a Python object as `python_model`",
     "The tokenizer has new PAD/BOS/EOS tokens",
     "Ignoring clean_up_tokenization_spaces",
@@ -92,10 +102,7 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_kedro_run_logs_no_error_no_known_noise_and_ends_with_the_summary(project):
-    env = {k: v for k, v in os.environ.items() if k not in ("CONDUCTOR_PROJECT_ROOT",)}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{project / 'mlruns' / 'mlflow.db'}"
-    env["COLUMNS"] = "200"
-    env["PYTHONWARNINGS"] = MAKEFILE_PYTHONWARNINGS
+    env = _make_env(MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
     (project / "mlruns").mkdir()
     script = RUNNER.format(repo=str(REPO), root=str(project))
     done = subprocess.run(
@@ -112,6 +119,7 @@ def test_a_kedro_run_logs_no_error_no_known_noise_and_ends_with_the_summary(proj
     assert errors == [], "\n".join(errors)
     for noise in KNOWN_NOISE:
         assert noise not in log, noise
+    assert "\x1b[" not in log  # no raw ANSI colour codes (MLflow colours its warnings)
     summary = done.stdout[done.stdout.index("Run summary") :]
     assert "Evaluation (test split, n=6): conductor" in summary
     assert "best baseline" in summary
@@ -119,10 +127,26 @@ def test_a_kedro_run_logs_no_error_no_known_noise_and_ends_with_the_summary(proj
     assert MLFLOW_UI_COMMAND in summary
 
 
-def test_the_makefile_exports_the_warning_filter_the_run_test_uses():
+def test_the_makefile_exports_the_logging_set_up_the_run_test_uses():
     makefile = (REPO / "Makefile").read_text()
-    exported = re.search(r"^export PYTHONWARNINGS := (.*)$", makefile, re.M).group(1)
-    assert exported.replace("$(ESC)", "\x1b") == MAKEFILE_PYTHONWARNINGS
+    for name, value in MAKEFILE_LOGGING.items():
+        assert f"export {name} := {value}\n" in makefile
+
+
+def test_the_noise_filter_drops_exactly_the_known_messages():
+    import logging
+
+    from conductor_pipeline.log_filters import KnownNoise
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, (), None)
+
+    noise = KnownNoise()
+    pending = "Task was destroyed but it is pending!\ntask: <Task pending coro=<{}() running>>"
+    assert not noise.filter(record(pending.format("LoggingWorker._worker_loop")))
+    assert noise.filter(record(pending.format("my_own_coroutine")))  # ours still shows
+    assert not noise.filter(record("\x1b[33mAdd type hints to the `predict` method to ...\x1b[0m"))
+    assert noise.filter(record("Node collect_tasks failed with error"))
 
 
 def _write_outputs(root: Path, rows: list[dict], decision: dict | None) -> None:
@@ -192,13 +216,11 @@ def test_kedro_run_env_gpu_without_the_benchmarks_names_the_fix_without_a_traceb
     shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
     (root / "conf" / "local").mkdir()
     (root / "mlruns").mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("CONDUCTOR_PROJECT_ROOT",)}
-    env.update(
+    env = _make_env(
         HF_HOME=str(tmp_path / "hf"),  # an empty Hugging Face cache: no benchmark is there
         HF_DATASETS_OFFLINE="1",
         HF_HUB_OFFLINE="1",
         MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}",
-        COLUMNS="200",
     )
     kedro = Path(sys.executable).parent / "kedro"
     done = subprocess.run(

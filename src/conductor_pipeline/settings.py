@@ -7,60 +7,31 @@ apply_offline_defaults()  # `kedro run` / `kedro jupyter` without the Makefile s
 import logging  # noqa: E402
 import warnings  # noqa: E402
 
+from conductor_pipeline.log_filters import KnownNoise  # noqa: E402
 
-class _DropMessages(logging.Filter):
-    """Drops records whose message contains every fragment of one of ``patterns``."""
-
-    def __init__(self, *patterns: tuple[str, ...]) -> None:
-        super().__init__()
-        self.patterns = patterns
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(all(part in message for part in p) for p in self.patterns)
-
-
-# Known, understood noise of `kedro run`, silenced one message at a time (anything else from
-# the same sources still shows):
-_QUIET_WARNINGS = (
-    # kedro's and kedro-mlflow's own calls (not ours) of an OmegaConf API deprecated in 2.4
-    r"register_new_resolver\(\) is deprecated",
-    # MLflow's advice on predict() type hints: ConductorModel and kedro-mlflow's pipeline
-    # model pass an explicit signature, which is what MLflow validates against. The messages
-    # start with ANSI colour codes, hence ".*".
-    r".*Add type hints to the `predict` method",
-    r".*Type hint used in the model's predict function is not supported",
-    r"Failed to infer signature from type hint",
-    # an input example would make MLflow load the 135M policy and run it at registration
-    r".*An input example was not provided when logging the model",
+# Loggers whose records bypass the console handler's filter (conf/base/logging.yml) or that
+# speak before it when `kedro run` is called without the Makefile: captured warnings, asyncio,
+# and libraries with their own handlers (MLflow, transformers). log_filters.py says why
+# each message is dropped.
+_NOISY_LOGGERS = (
+    "py.warnings",
+    "asyncio",
+    "mlflow.pyfunc",
+    "transformers.trainer_utils",
+    "transformers.tokenization_utils_tokenizers",
 )
-_QUIET_LOGS = {
-    # litellm's async logging worker is a task on the event loop of whichever asyncio.run
-    # first logged a call; when that loop closes the pending task is reported at ERROR,
-    # although litellm recreates the worker on the next loop and nothing is lost (the
-    # project registers no litellm callbacks)
-    "asyncio": _DropMessages(("Task was destroyed but it is pending", "LoggingWorker")),
-    # the registered model is a PythonModel object by design (mlflow_model.py)
-    "mlflow.pyfunc": _DropMessages(("Passing a Python object as `python_model`",)),
-    # SmolLM2's tokenizer declares its EOS token, the model config another id; the trainers
-    # align them (the intended behaviour) and say so on every stage
-    "transformers.trainer_utils": _DropMessages(("The tokenizer has new PAD/BOS/EOS tokens",)),
-    # SmolLM2's tokenizer_config asks for clean_up_tokenization_spaces, which transformers
-    # rightly skips for a BPE tokenizer
-    "transformers.tokenization_utils_tokenizers": _DropMessages(
-        ("Ignoring clean_up_tokenization_spaces=True for BPE tokenizer",)
-    ),
-}
 
 
 def quiet_known_noise() -> None:
-    """Install the narrow warning and log filters above (idempotent)."""
-    for message in _QUIET_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning)
-    for name, drop in _QUIET_LOGS.items():
+    """Drop the known noise of log_filters.py from those loggers (idempotent), and the
+    OmegaConf deprecation notice (raised by Kedro's own calls) at the warnings level."""
+    warnings.filterwarnings(
+        "ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning
+    )
+    for name in _NOISY_LOGGERS:
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) for f in logger.filters):
-            logger.addFilter(drop)
+        if not any(isinstance(f, KnownNoise) for f in logger.filters):
+            logger.addFilter(KnownNoise())
 
 
 quiet_known_noise()
