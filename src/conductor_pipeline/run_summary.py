@@ -70,8 +70,9 @@ def _champion(decision_json: Path) -> str:
         if champion
         else "Champion: none"
     )
-    return f"{head}; this run's version {decision.get('version')} was {decision.get('decision')}" + (
-        f" ({reasons})" if reasons else ""
+    return (
+        f"{head}; this run's version {decision.get('version')} was {decision.get('decision')}"
+        + (f" ({reasons})" if reasons else "")
     )
 
 
