@@ -177,6 +177,7 @@ def test_the_summary_names_the_best_baseline_the_champion_and_the_reports(tmp_pa
         _row("solo:sim-sage", 0.75, 0.000943, 1.0),
         _row("router", 0.833, 0.000183, 0.2),
         _row("oracle", 0.979, 0.000172, 1e-5),  # an upper bound, not a baseline
+        _row("champion", 0.9, 0.0008, 0.01),  # the previous Conductor, not a baseline
     ]
     decision = {
         "version": "3",
@@ -188,7 +189,7 @@ def test_the_summary_names_the_best_baseline_the_champion_and_the_reports(tmp_pa
     text = run_summary(tmp_path)
     assert "conductor 0.750 (95% CI 0.670-0.830, $0.000885/question)" in text
     assert "behind the best baseline by 0.083, p=0.2: router 0.833" in text
-    assert "oracle" not in text
+    assert "oracle" not in text and "champion 0.900" not in text
     assert "Champion: conductor version 2" in text
     assert "version 3 was kept (accuracy drop 0.06 > 0.05)" in text
     assert "Training report: data/08_reporting/training_report.html\n" in text

@@ -26,18 +26,19 @@ SUMMARY_FILES = {
 MLFLOW_UI_COMMAND = (
     ".venv/bin/mlflow ui --backend-store-uri sqlite:///$PWD/mlruns/mlflow.db --port 5000"
 )
-# evaluation_summary rows that are the Conductor itself or an upper bound, not a baseline
-_NOT_BASELINES = {"conductor", "conductor+recursion", "warm-start", "base-policy", "oracle"}
 
 
 def _headline(summary_csv: Path) -> str:
     import pandas as pd
 
-    table = pd.read_csv(summary_csv).set_index("system")
+    from conductor_pipeline.reporting.display import MissingInput
+    from conductor_pipeline.reporting.evaluation import best_baseline
+
+    summary = pd.read_csv(summary_csv)
+    table = summary.set_index("system")
     if "conductor" not in table.index:
         return "Evaluation: no conductor row in " + str(summary_csv)
     ours = table.loc["conductor"]
-    baselines = table[~table.index.isin(_NOT_BASELINES)]
 
     def describe(name: str, row: Any) -> str:
         return (
@@ -46,11 +47,11 @@ def _headline(summary_csv: Path) -> str:
         )
 
     line = f"Evaluation (test split, n={int(ours['n'])}): {describe('conductor', ours)}"
-    if baselines.empty:
+    try:
+        row = best_baseline(summary)  # the same choice as the evaluation report's headline
+    except MissingInput:
         return line
-    # best baseline: highest accuracy, the cheaper one on a tie
-    best = baselines.sort_values(["accuracy", "cost_usd_per_q"], ascending=[False, True]).index[0]
-    row = baselines.loc[best]
+    best = row["system"]
     diff = float(ours["accuracy"]) - float(row["accuracy"])
     verdict = "ahead of" if diff > 0 else "behind" if diff < 0 else "level with"
     p_value = row.get("p_value_vs_conductor")
