@@ -570,6 +570,10 @@ def _sse(data: dict[str, Any] | str) -> str:
 # --- the app ------------------------------------------------------------------------------
 
 
+# two different questions: what their planning prompts share is the cached opening
+_WARM_UP_QUESTIONS = ("What is 2 + 2?", "Is every square a rectangle? Answer Yes or No.")
+
+
 def create_app(service: ConductorService) -> FastAPI:
     """The FastAPI app serving ``service``. The policy's ``load()`` (if any) runs in a thread
     when the app starts; ``/health`` answers 503 until it is done."""
@@ -586,11 +590,34 @@ def create_app(service: ConductorService) -> FastAPI:
         try:
             if callable(loader):
                 await asyncio.to_thread(loader)
+            await warm_up_policy()
             state["policy"] = "ready"
             log.info("Conductor policy %s ready", getattr(service.policy, "name", "?"))
         except Exception as exc:  # reported through /health and /ready
             state["policy"], state["policy_error"] = "error", f"{type(exc).__name__}: {exc}"
             log.exception("loading the Conductor policy failed")
+
+    async def warm_up_policy() -> None:
+        # a policy with warm_up (LocalPolicy) keeps the planning prompt's opening (rules and
+        # workers, all before the question) cached and runs one short generation, so neither
+        # the first request nor any later one pays for them; /health turns 200 after this
+        warm_up = getattr(service.policy, "warm_up", None)
+        if not (settings.warm_up and callable(warm_up)):
+            return
+        from conductor_pipeline.workflow.prompts import conductor_messages
+
+        prompt = service.orchestration.prompt
+        conversations = [
+            conductor_messages(question, service.descriptions, prompt)
+            for question in _WARM_UP_QUESTIONS
+        ]
+        start = time.perf_counter()
+        shared = await asyncio.to_thread(warm_up, conversations)
+        log.info(
+            "Conductor policy warmed up in %.1f s (%d prompt tokens cached)",
+            time.perf_counter() - start,
+            shared,
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):

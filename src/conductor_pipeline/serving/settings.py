@@ -17,6 +17,7 @@
       require_api_key: false      # refuse to start without CONDUCTOR_API_KEY / conductor_api_key
       tracing: false              # an MLflow trace per request
       tracing_experiment: conductor-serving
+      warm_up: true               # at start-up: cache the prompt opening, one short generation
       limits: {max_steps: 10, max_tokens: null, max_cost_usd: null, max_rounds: 2}
       vllm: {...}                 # see conductor_pipeline.serving.policy_server.VllmSettings
 
@@ -63,6 +64,7 @@ class ServingSettings:
     require_api_key: bool = False
     tracing: bool = False
     tracing_experiment: str = "conductor-serving"
+    warm_up: bool = True
     limits: RequestLimits = field(default_factory=RequestLimits)
     vllm: VllmSettings = field(default_factory=VllmSettings)
 
@@ -77,6 +79,8 @@ class ServingSettings:
         for name in ("request_timeout_s", "shutdown_grace_s"):
             if float(getattr(self, name)) <= 0:
                 raise ValueError(f"serving.{name}: must be positive, got {getattr(self, name)!r}")
+        if not isinstance(self.warm_up, bool):
+            raise ValueError(f"serving.warm_up: must be true or false, got {self.warm_up!r}")
         if self.max_context_chars < 0 or self.retry_after_s < 0:
             raise ValueError("serving.max_context_chars and serving.retry_after_s must be >= 0")
         if not 0 <= int(self.port) <= 65535:

@@ -70,6 +70,8 @@ class LocalPolicy:
         self._prefix: tuple[tuple[int, ...], Any] | None = None  # (token ids, their cache)
         # one generation at a time: the model is shared and CPU threads are few
         self._generate_lock = threading.Lock()
+        # single requests answered from the kept prompt-opening cache (observability, tests)
+        self.prefix_hits = 0
 
     def load(self) -> None:
         with self._load_lock:
@@ -102,15 +104,85 @@ class LocalPolicy:
         self._set_threads()
         start = time.perf_counter()
         with self._generate_lock:
-            text, prompt_tokens, completion_tokens = generate_chat(
-                self._model,
-                self._tokenizer,
-                messages,
-                max_new_tokens=max_tokens,
-                temperature=temperature,
-                seed=seed,
-            )
+            cached = self._generate_from_prefix(messages, temperature, max_tokens, seed)
+            if cached is not None:
+                text, prompt_tokens, completion_tokens = cached
+            else:
+                text, prompt_tokens, completion_tokens = generate_chat(
+                    self._model,
+                    self._tokenizer,
+                    messages,
+                    max_new_tokens=max_tokens,
+                    temperature=temperature,
+                    seed=seed,
+                )
         return PolicyCompletion(text, prompt_tokens, completion_tokens, time.perf_counter() - start)
+
+    def _generate_from_prefix(
+        self, messages: list[dict[str, str]], temperature: float, max_tokens: int, seed: int
+    ) -> tuple[str, int, int] | None:
+        """One reply that reuses the kept prompt-opening cache (see :meth:`warm_up`), or
+        ``None`` when there is none or the prompt does not start with it. The caller holds
+        the generate lock. Same sampling as :func:`generate_chat` (one seeded generator)."""
+        if self._prefix is None:
+            return None
+        import torch
+
+        from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+
+        ids, prefilled = encode_chat(self._tokenizer, messages)
+        kept = self._prefix[0]
+        if len(ids) <= len(kept) or tuple(ids[: len(kept)]) != kept:
+            return None
+        self.prefix_hits += 1
+        tokenizer = self._tokenizer
+        pad = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+        with torch.inference_mode():
+            output = self._model.generate(
+                input_ids=torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                past_key_values=self._prefix_cache(list(kept), 1),
+                max_new_tokens=int(max_tokens),
+                do_sample=False,
+                logits_processor=[RowSampler([temperature], [seed])],
+                pad_token_id=pad,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        eos = tokenizer.eos_token_id
+        new = output[0, len(ids) :].tolist()[: int(max_tokens)]
+        if eos in new:  # the end token counts as generated, as in generate_chat
+            new = new[: new.index(eos) + 1]
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        return (text.rstrip() if prefilled else text.strip()), len(ids), len(new)
+
+    def warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int = 4) -> int:
+        """Prepare for serving: load the model, keep the key/value cache of the opening that
+        ``conversations`` share (e.g. two planning prompts for different questions: rules and
+        workers, everything before the question), and run one short generation so the first
+        real request does not pay for lazy initialisation. Later single requests that start
+        with that opening prefill only their own tokens. Returns the kept opening's length
+        in tokens (0: the conversations share too little to be worth a cache)."""
+        from conductor_pipeline.workers.local_model import encode_chat
+
+        if not conversations:
+            raise ValueError("LocalPolicy.warm_up: needs at least one conversation")
+        self.load()
+        self._set_threads()
+        rows = [encode_chat(self._tokenizer, messages)[0] for messages in conversations]
+        shared = _common_prefix(rows) if len(rows) > 1 else 0
+        import torch
+
+        with self._generate_lock, torch.inference_mode():
+            if shared >= _MIN_SHARED_PREFIX:
+                self._prefix_cache(rows[0][:shared], 1)
+            else:
+                shared = 0
+        hits = self.prefix_hits
+        self._generate(conversations[0], 0.0, max_tokens, 0)
+        self.prefix_hits = hits  # the warm-up is not a served request
+        return shared
 
     async def complete(
         self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
