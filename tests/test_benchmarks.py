@@ -71,3 +71,44 @@ def test_training_benchmark_runs_on_a_tiny_model(tiny_model_dir, tmp_path):
         assert figures[f"{key}_step_s"] > 0 and figures[f"{key}_generation_s"] > 0
         assert figures[f"{key}_completion_tokens_mean"] > 0
     assert figures["step_cost_ratio"] > 0 and figures["prompt_tokens_min"] > 0
+
+
+def test_the_real_policy_serving_case_reports_one_users_latency(tmp_path):
+    """The serving suite's real-policy measurement, run here over the scripted policy and a
+    small sandbox (the real model's speed is measured by `make bench`, not tested): the
+    start-up warm-up runs when asked, every request is answered, and the report holds the
+    first-request and warm figures with their breakdown."""
+    import asyncio
+
+    from conductor_pipeline.benchmarks.suites import _bench_tasks, _serve_one_user
+    from conductor_pipeline.serving.models import ServedModel
+    from conductor_pipeline.workers import WorkerPool
+    from conductor_pipeline.workers.sandbox import SandboxServer
+    from conductor_pipeline.workflow import OrchestrationConfig, PromptConfig
+    from conductor_pipeline.workflow.policy import ScriptedPolicy
+
+    class Warming(ScriptedPolicy):
+        warmed = 0
+
+        def warm_up(self, conversations):  # noqa: ANN001, ANN201
+            self.warmed += 1
+            return 0
+
+    with SandboxServer(
+        tasks_paths=_bench_tasks(tmp_path), latency_scale=0.0, load_real_model=False
+    ) as sandbox:
+        pool = WorkerPool.from_config({"workers": sandbox.pool_config()})
+        orchestration = OrchestrationConfig(prompt=PromptConfig(assistant_prefill="model_id = ["))
+        figures = {}
+        for warm_up in (False, True):
+            policy = Warming(worker=pool.names.index("sim-abacus"))
+            figures[warm_up] = _serve_one_user(
+                policy, pool, orchestration, ServedModel(), warm_up=warm_up, requests=3
+            )
+            assert policy.warmed == int(warm_up)
+        asyncio.run(pool.aclose())
+    for result in figures.values():
+        assert result["status_counts"] == {"200": 4}
+        assert 0 < result["warm_p50_s"] <= result["warm_p95_s"]
+        assert result["first_request_s"] > 0 and result["ready_s"] > 0
+        assert set(result["warm_breakdown_mean_s"]) == {"conductor_s", "workers_s", "other_s"}

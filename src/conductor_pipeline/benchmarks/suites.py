@@ -226,6 +226,131 @@ def executor_overhead() -> dict[str, Any]:
 
 
 @benchmark("serving")
+def serving_benchmark() -> dict[str, Any]:
+    """Two cases of the Conductor API. At the top level, load with the scripted policy
+    (:func:`serving_load`); under ``real_policy``, the latency one user feels with the
+    project's real Conductor (:func:`serving_real_policy`)."""
+    figures = serving_load()
+    figures["real_policy"] = serving_real_policy()
+    return figures
+
+
+def serving_real_policy(requests: int = 10) -> dict[str, Any]:
+    """What one user waits for from ``conductor serve`` on this machine: the project's
+    Conductor (SmolLM2 with ``conductor.policy.adapter`` when it resolves, e.g. the
+    registered champion after ``make run``; the base policy otherwise) in process, the
+    configured sandbox pool (cache off, so every request calls its workers) and one
+    request at a time over loopback HTTP, non-streamed.
+
+    Measured twice, without and with the start-up warm-up (``serving.warm_up``): time to
+    ready, the first request, then ``requests`` more (p50/p95), and where a warm request's
+    time goes (Conductor generation, worker steps, the rest: HTTP and orchestration)."""
+    from conductor_pipeline.project import load_project_config
+    from conductor_pipeline.serving.models import ModelResolutionError, resolve_served_model
+    from conductor_pipeline.workers.runtime import open_worker_pool
+    from conductor_pipeline.workflow.config import build_policy, orchestration_config
+
+    config = load_project_config()
+    params = dict(config.parameters.get("conductor") or {})
+    policy_params = dict(params.get("policy") or {})
+    if policy_params.get("kind", "local") != "local":
+        return {"skipped": "conductor.policy is not a local model"}
+    try:
+        served = resolve_served_model(policy_params.get("adapter"), root=config.root)
+    except ModelResolutionError as err:
+        return {"skipped": str(err)}
+    orchestration = orchestration_config(params)
+    figures: dict[str, Any] = {
+        "model": served.id,
+        "adapter": bool(served.adapter_dir),
+        "torch_threads": policy_params.get("torch_threads"),
+        "requests": requests,
+        "temperature": orchestration.temperature,
+        "max_tokens": orchestration.max_tokens,
+    }
+    try:
+        with open_worker_pool(
+            config.worker_pool, config.credentials, root=config.root, cache_mode="off"
+        ) as pool:
+            for label, warm_up in (("without_warm_up", False), ("with_warm_up", True)):
+                policy = build_policy(policy_params, adapter_dir=served.adapter_dir)
+                figures[label] = _serve_one_user(
+                    policy, pool, orchestration, served, warm_up=warm_up, requests=requests
+                )
+    except Exception as err:  # e.g. no prepared tasks for the sandbox: say so, keep the suite
+        figures["skipped"] = f"{type(err).__name__}: {err}"
+        return figures
+    before, after = figures["without_warm_up"], figures["with_warm_up"]
+    figures["first_request_speedup"] = before["first_request_s"] / after["first_request_s"]
+    figures["warm_p50_speedup"] = before["warm_p50_s"] / after["warm_p50_s"]
+    return figures
+
+
+def _serve_one_user(
+    policy: Any, pool: Any, orchestration: Any, served: Any, *, warm_up: bool, requests: int
+) -> dict[str, Any]:
+    """Start the API over ``policy`` and ``pool``, then send one request at a time."""
+    import statistics
+
+    import httpx
+
+    from conductor_pipeline.benchmarks import percentile
+    from conductor_pipeline.serving.app import ConductorService
+    from conductor_pipeline.serving.server import BackgroundServer
+    from conductor_pipeline.serving.settings import ServingSettings
+
+    questions = [
+        "Compute the sum of 1234 and 4321.",
+        "All cats are mammals. Are cats mammals? Yes or No.",
+    ]
+    service = ConductorService(
+        policy=policy,
+        call_worker=pool,
+        descriptions=pool.descriptions,
+        worker_names=pool.names,
+        orchestration=orchestration,
+        served=served,
+        settings=ServingSettings(request_timeout_s=600, warm_up=warm_up),
+    )
+    start = time.perf_counter()
+    latencies: list[float] = []
+    parts: dict[str, list[float]] = {"conductor_s": [], "workers_s": [], "other_s": []}
+    statuses: dict[str, int] = {}
+    with BackgroundServer(service) as server:
+        server.wait_ready(timeout_s=600)
+        ready_s = time.perf_counter() - start
+        with httpx.Client(base_url=server.base_url, timeout=600) as client:
+            for i in range(requests + 1):
+                body = {
+                    "model": "conductor",
+                    "messages": [{"role": "user", "content": questions[i % 2]}],
+                    "seed": i,
+                }
+                sent = time.perf_counter()
+                response = client.post("/chat/completions", json=body)
+                wall = time.perf_counter() - sent
+                latencies.append(wall)
+                statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
+                record = response.json().get("conductor") or {}
+                conductor = sum(c["latency_s"] for c in record.get("conductor_calls") or [])
+                workers = sum(s.get("latency_s") or 0.0 for s in record.get("steps") or [])
+                if i:  # the first request is reported on its own
+                    parts["conductor_s"].append(conductor)
+                    parts["workers_s"].append(workers)
+                    parts["other_s"].append(wall - conductor - workers)
+    warm = latencies[1:]
+    return {
+        "ready_s": ready_s,
+        "first_request_s": latencies[0],
+        "warm_p50_s": percentile(warm, 50),
+        "warm_p95_s": percentile(warm, 95),
+        "warm_mean_s": statistics.fmean(warm),
+        "warm_breakdown_mean_s": {k: statistics.fmean(v) for k, v in parts.items()},
+        "status_counts": statuses,
+        "prefix_hits": getattr(policy, "prefix_hits", None),
+    }
+
+
 def serving_load() -> dict[str, Any]:
     """The Conductor API under bounded loopback load: 200 requests (one in ten streamed) from
     16 concurrent clients against the API in process, with the scripted policy and the
