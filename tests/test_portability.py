@@ -13,9 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import mlflow
-import pandas as pd
 import pytest
-import yaml
 
 from conductor_pipeline.paths import reroot
 from conductor_pipeline.registry import (
@@ -25,7 +23,7 @@ from conductor_pipeline.registry import (
     resolve_adapter,
     run_name,
 )
-from conductor_pipeline.tasks import Task
+from tests.training.project_copy import write_training_project
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,46 +159,11 @@ def test_portable_adapter_leaves_hub_ids_and_outside_paths(tmp_path):
 # -- end to end: kedro training run, move, resolve, generate -------------------------------------
 
 
-def _task(i: int, domain: str) -> Task:
-    return Task(
-        f"t/{domain}/{i}",
-        domain,
-        "easy",
-        f"Compute {i} plus {i + 3} and give the number.",
-        str(2 * i + 3),
-        "number",
-        "numeric",
-        "unit",
-    )
-
-
 def _training_project(root: Path, tiny_model_dir: Path) -> Path:
-    (root / "conf" / "local").mkdir(parents=True)
-    (root / "src").mkdir()
-    shutil.copy(REPO / "pyproject.toml", root)
-    shutil.copytree(REPO / "conf" / "base", root / "conf" / "base")
-    splits = root / "data" / "05_model_input"
-    splits.mkdir(parents=True)
-    for offset, name in enumerate(("train", "validation", "test")):
-        rows = [
-            _task(100 * offset + i, domain).to_record()
-            for i in range(4)
-            for domain in ("math", "logic")
-        ]
-        pd.DataFrame(rows).to_parquet(splits / f"{name}_tasks.parquet")
     # the base model inside the project, as the offline SmolLM2 copy is (data/06_models)
     base = root / "data" / "06_models" / "tiny-llama"
     shutil.copytree(tiny_model_dir, base)
-    pool = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())
-    pool["worker_pool"]["sandbox"].update(load_real_model=False, latency_scale=0.0)
-    pool["worker_pool"]["sandbox"]["workers"] = ["sim-sage", "sim-abacus", "sim-sprout"]
-    (root / "conf/local/workers.yml").write_text(yaml.safe_dump(pool))
-    training = yaml.safe_load((REPO / "conf/base/parameters_training.yml").read_text())
-    settings = training["training"]
-    settings["base_model"] = str(base)
-    settings["grpo"].update(max_steps=1, save_steps=1, max_completion_length=16)
-    settings["sft"].update(max_steps=1, n_examples=4)
-    (root / "conf/local/parameters_training.yml").write_text(yaml.safe_dump(training))
+    write_training_project(root, base, workers=["sim-sage", "sim-abacus", "sim-sprout"])
     return base
 
 

@@ -8,33 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
-import pandas as pd
 import pytest
-import yaml
 
-from conductor_pipeline.tasks import Task
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _task(i: int, domain: str) -> Task:
-    return Task(
-        f"t/{domain}/{i}",
-        domain,
-        "easy",
-        f"Compute {i} plus {i + 3} and give the number.",
-        str(2 * i + 3),
-        "number",
-        "numeric",
-        "unit",
-    )
+from tests.training.project_copy import write_training_project
 
 
 def _free_port() -> int:
@@ -43,42 +24,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _project(root: Path, model_dir: Path) -> None:
-    """A project copy with tiny splits, simulated workers only and a tiny policy model."""
-    (root / "conf" / "local").mkdir(parents=True)
-    (root / "src").mkdir()
-    shutil.copy(REPO / "pyproject.toml", root)
-    shutil.copytree(REPO / "conf" / "base", root / "conf" / "base")
-    splits = root / "data" / "05_model_input"
-    splits.mkdir(parents=True)
-    for offset, name in enumerate(("train", "validation", "test")):
-        rows = [_task(100 * offset + i, d).to_record() for i in range(2) for d in ("math", "logic")]
-        pd.DataFrame(rows).to_parquet(splits / f"{name}_tasks.parquet")
-    pool = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())
-    sandbox = pool["worker_pool"]["sandbox"]
-    sandbox.update(load_real_model=False, latency_scale=0.0)
-    sandbox["workers"] = ["sim-sage", "sim-abacus", "sim-coder"]
-    (root / "conf/local/workers.yml").write_text(yaml.safe_dump(pool))
-    training = yaml.safe_load((REPO / "conf/base/parameters_training.yml").read_text())
-    settings = training["training"]
-    settings["base_model"] = str(model_dir)
-    # one step of 4 rollouts: 2 per process, no gradient accumulation
-    settings["grpo"].update(
-        max_steps=1,
-        save_steps=1,
-        num_generations=4,
-        prompts_per_step=1,
-        micro_batch_size=2,
-        max_completion_length=8,
-    )
-    settings["sft"].update(max_steps=1, n_examples=4, batch_size=1)
-    (root / "conf/local/parameters_training.yml").write_text(yaml.safe_dump(training))
-
-
 @pytest.mark.slow
 def test_two_process_launch_saves_registers_and_logs_once(tmp_path, tiny_model_dir):
     root = tmp_path / "project"
-    _project(root, tiny_model_dir)
+    # simulated workers only; one step of 4 rollouts: 2 per process, no gradient accumulation
+    write_training_project(
+        root,
+        tiny_model_dir,
+        workers=["sim-sage", "sim-abacus", "sim-coder"],
+        per_domain=2,
+        grpo={
+            "num_generations": 4,
+            "prompts_per_step": 1,
+            "micro_batch_size": 2,
+            "max_completion_length": 8,
+        },
+        sft={"batch_size": 1},
+    )
     env = {
         k: v
         for k, v in os.environ.items()

@@ -3,30 +3,11 @@ pool, trains (one SFT and one GRPO step on a tiny model) and registers a `conduc
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
-from pathlib import Path
 
-import pandas as pd
 import pytest
-import yaml
 
-from conductor_pipeline.tasks import Task
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _task(i: int, domain: str) -> Task:
-    return Task(
-        f"t/{domain}/{i}",
-        domain,
-        "easy",
-        f"Compute {i} plus {i + 3} and give the number.",
-        str(2 * i + 3),
-        "number",
-        "numeric",
-        "unit",
-    )
+from tests.training.project_copy import write_training_project
 
 
 @pytest.mark.slow
@@ -34,36 +15,11 @@ def test_training_pipeline_runs_through_kedro_and_registers_a_version(
     tmp_path, monkeypatch, tiny_model_dir
 ):
     root = tmp_path / "project"
-    (root / "conf" / "local").mkdir(parents=True)
-    (root / "src").mkdir()
-    shutil.copy(REPO / "pyproject.toml", root)
-    shutil.copytree(REPO / "conf" / "base", root / "conf" / "base")
-    splits = root / "data" / "05_model_input"
-    splits.mkdir(parents=True)
-    for offset, name in enumerate(("train", "validation", "test")):
-        rows = [
-            _task(100 * offset + i, domain).to_record()
-            for i in range(4)
-            for domain in ("math", "logic")
-        ]
-        pd.DataFrame(rows).to_parquet(splits / f"{name}_tasks.parquet")
-
-    pool = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())
-    pool["worker_pool"]["sandbox"].update(load_real_model=False, latency_scale=0.0)
-    pool["worker_pool"]["sandbox"]["workers"] = [
-        "sim-sage",
-        "sim-abacus",
-        "sim-coder",
-        "sim-sphinx",
-        "sim-sprout",
-    ]
-    (root / "conf/local/workers.yml").write_text(yaml.safe_dump(pool))
-    training = yaml.safe_load((REPO / "conf/base/parameters_training.yml").read_text())
-    settings = training["training"]
-    settings["base_model"] = str(tiny_model_dir)
-    settings["grpo"].update(max_steps=1, save_steps=1, max_completion_length=16)
-    settings["sft"].update(max_steps=1, n_examples=4)
-    (root / "conf/local/parameters_training.yml").write_text(yaml.safe_dump(training))
+    write_training_project(
+        root,
+        tiny_model_dir,
+        workers=["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx", "sim-sprout"],
+    )
 
     monkeypatch.delenv("CONDUCTOR_PROJECT_ROOT", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
