@@ -101,61 +101,33 @@ class LocalPolicy:
         from conductor_pipeline.workers.local_model import generate_chat
 
         self.load()
+        if self._continues_prefix(messages):
+            # the kept opening serves it: the batched path with one row, same sampling
+            self.prefix_hits += 1
+            return self._generate_many([messages], temperature, max_tokens, [seed])[0]
         self._set_threads()
         start = time.perf_counter()
         with self._generate_lock:
-            cached = self._generate_from_prefix(messages, temperature, max_tokens, seed)
-            if cached is not None:
-                text, prompt_tokens, completion_tokens = cached
-            else:
-                text, prompt_tokens, completion_tokens = generate_chat(
-                    self._model,
-                    self._tokenizer,
-                    messages,
-                    max_new_tokens=max_tokens,
-                    temperature=temperature,
-                    seed=seed,
-                )
+            text, prompt_tokens, completion_tokens = generate_chat(
+                self._model,
+                self._tokenizer,
+                messages,
+                max_new_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
+            )
         return PolicyCompletion(text, prompt_tokens, completion_tokens, time.perf_counter() - start)
 
-    def _generate_from_prefix(
-        self, messages: list[dict[str, str]], temperature: float, max_tokens: int, seed: int
-    ) -> tuple[str, int, int] | None:
-        """One reply that reuses the kept prompt-opening cache (see :meth:`warm_up`), or
-        ``None`` when there is none or the prompt does not start with it. The caller holds
-        the generate lock. Same sampling as :func:`generate_chat` (one seeded generator)."""
+    def _continues_prefix(self, messages: list[dict[str, str]]) -> bool:
+        """Whether the prompt starts with the kept opening (see :meth:`warm_up`) and goes on
+        past it."""
         if self._prefix is None:
-            return None
-        import torch
+            return False
+        from conductor_pipeline.workers.local_model import encode_chat
 
-        from conductor_pipeline.workers.local_model import RowSampler, encode_chat
-
-        ids, prefilled = encode_chat(self._tokenizer, messages)
+        ids = encode_chat(self._tokenizer, messages)[0]
         kept = self._prefix[0]
-        if len(ids) <= len(kept) or tuple(ids[: len(kept)]) != kept:
-            return None
-        self.prefix_hits += 1
-        tokenizer = self._tokenizer
-        pad = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        )
-        with torch.inference_mode():
-            output = self._model.generate(
-                input_ids=torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                past_key_values=self._prefix_cache(list(kept), 1),
-                max_new_tokens=int(max_tokens),
-                do_sample=False,
-                logits_processor=[RowSampler([temperature], [seed])],
-                pad_token_id=pad,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        eos = tokenizer.eos_token_id
-        new = output[0, len(ids) :].tolist()[: int(max_tokens)]
-        if eos in new:  # the end token counts as generated, as in generate_chat
-            new = new[: new.index(eos) + 1]
-        text = tokenizer.decode(new, skip_special_tokens=True)
-        return (text.rstrip() if prefilled else text.strip()), len(ids), len(new)
+        return len(ids) > len(kept) and tuple(ids[: len(kept)]) == kept
 
     def warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int = 4) -> int:
         """Prepare for serving: load the model, keep the key/value cache of the opening that
