@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from conductor_pipeline.run_summary import MLFLOW_UI_COMMAND, run_summary
 
@@ -75,29 +74,9 @@ RUNNER = textwrap.dedent(
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    from tests.evaluation.conftest import SANDBOX_WORKERS, write_tasks
-    from tests.evaluation.fakes import make_tasks
+    from tests.evaluation.conftest import write_evaluation_project
 
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
-    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
-    local = root / "conf" / "local"
-    local.mkdir()
-    (root / "src").mkdir()
-    for split, n in (("train", 2), ("validation", 2), ("test", 3)):
-        write_tasks(root / f"data/05_model_input/{split}_tasks.parquet", make_tasks(n, split))
-    workers = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())
-    workers["worker_pool"]["sandbox"].update(
-        workers=SANDBOX_WORKERS, load_real_model=False, latency_scale=0.0
-    )
-    (local / "workers.yml").write_text(yaml.safe_dump(workers))
-    (local / "parameters_evaluation.yml").write_text(
-        yaml.safe_dump(
-            {"evaluation": {"test_per_domain": 3, "validation_per_domain": 2, "trace_sample": 2}}
-        )
-    )
-    return root
+    return write_evaluation_project(tmp_path / "project")
 
 
 @pytest.mark.slow

@@ -4,40 +4,20 @@ sandbox server, with a scripted Conductor instead of SmolLM2."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 
 import pandas as pd
 import pytest
-import yaml
 
 from conductor_pipeline.evaluation import CONTRACT_COLUMNS, PolicyUnderTest
 
-from .conftest import REPO, SANDBOX_WORKERS, write_tasks
-from .fakes import ScriptedConductor, make_tasks
+from .conftest import REPO, SANDBOX_WORKERS, write_evaluation_project
+from .fakes import ScriptedConductor
 
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
-    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
-    (root / "conf" / "local").mkdir()
-    (root / "src").mkdir()
-    for split, n in (("train", 2), ("validation", 2), ("test", 3)):
-        write_tasks(root / f"data/05_model_input/{split}_tasks.parquet", make_tasks(n, split))
-    local = root / "conf" / "local"
-    workers = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())
-    workers["worker_pool"]["sandbox"].update(
-        workers=SANDBOX_WORKERS, load_real_model=False, latency_scale=0.0
-    )
-    (local / "workers.yml").write_text(yaml.safe_dump(workers))
-    (local / "parameters_evaluation.yml").write_text(
-        yaml.safe_dump(
-            {"evaluation": {"test_per_domain": 3, "validation_per_domain": 2, "trace_sample": 2}}
-        )
-    )
+    root = write_evaluation_project(tmp_path / "project")
     monkeypatch.delenv("CONDUCTOR_PROJECT_ROOT", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(root)
