@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,31 @@ def test_gpu_profile_trains_lora_at_a_lora_rate():
     training = TrainingConfig.from_params(config.parameters["training"])
     if training.lora.enabled:
         assert training.grpo.learning_rate >= 10 * FULL_FINETUNE_LR
+
+
+SNAPSHOT = REPO / "tests" / "fixtures" / "config" / "resolved_profiles.json"
+GROUPS = ("parameters", "workers", "catalog")
+
+
+def _resolve(env: str, tmp_path: Path) -> dict:
+    """The config groups of ``env`` as ``kedro run --env`` and the CLI resolve them, read from
+    a copy of the shipped profiles (a developer's conf/local stays out of the comparison)."""
+    from kedro.config import OmegaConfigLoader
+
+    from conductor_pipeline.settings import CONFIG_LOADER_ARGS
+
+    conf = tmp_path / "conf"
+    if not conf.exists():
+        for shipped in ("base", "gpu"):
+            shutil.copytree(REPO / "conf" / shipped, conf / shipped)
+        (conf / "local").mkdir()
+    loader = OmegaConfigLoader(conf_source=str(conf), env=env, **CONFIG_LOADER_ARGS)
+    return {group: loader[group] for group in GROUPS}
+
+
+@pytest.mark.parametrize("env", ["base", "local", "gpu"])
+def test_profiles_resolve_as_recorded(env, tmp_path):
+    """The shipped profiles resolve to the recorded snapshot (regenerate it only for an
+    intended change of a profile's values)."""
+    expected = json.loads(SNAPSHOT.read_text())[env]
+    assert _resolve(env, tmp_path) == expected
