@@ -35,6 +35,7 @@ from typing import Any
 from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.tasks import Task, verify
 from conductor_pipeline.tasks.verifiers import extract_final_answer
+from conductor_pipeline.workers.pricing import pool_token_prices
 from conductor_pipeline.workers.types import WorkerReply
 from conductor_pipeline.workflow import (
     Budget,
@@ -90,13 +91,9 @@ class PoolView:
 
     @classmethod
     def from_pool(cls, pool: Any) -> PoolView:
-        """A view of a ``WorkerPool`` (or the fault-injecting wrapper of one)."""
-        prices: list[tuple[float, float] | None] = []
-        for spec in pool.specs:
-            if spec.has_prices:
-                prices.append((spec.input_cost_per_token, spec.output_cost_per_token))
-            else:
-                prices.append(_litellm_prices(spec.model))
+        """A view of a ``WorkerPool`` (or the fault-injecting wrapper of one), priced as
+        training prices it (:func:`~conductor_pipeline.workers.pricing.token_prices`)."""
+        prices = pool_token_prices(pool)
         return cls(pool, list(pool.names), list(pool.descriptions), prices)
 
     def index(self, name: str) -> int:
@@ -123,16 +120,6 @@ class PoolView:
         return reply
 
     __call__ = call
-
-
-def _litellm_prices(model: str) -> tuple[float, float] | None:
-    try:
-        import litellm
-
-        info = litellm.get_model_info(model)
-        return (float(info["input_cost_per_token"]), float(info["output_cost_per_token"]))
-    except Exception:
-        return None
 
 
 # ---------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from conductor_pipeline.training.rewards import (
     ScoredBatch,
     task_columns,
 )
+from conductor_pipeline.workers.pricing import pool_token_prices
 from conductor_pipeline.workers.types import WorkerCaller
 from conductor_pipeline.workflow import (
     Budget,
@@ -131,7 +132,8 @@ class PoolInfo:
     """What training needs from a worker pool: the caller, names, descriptions, prices.
 
     ``prices[i]`` is ``(dollars per prompt token, dollars per completion token)`` or
-    ``None`` when unknown. A ``WorkerPool`` converts with :meth:`from_pool`.
+    ``None`` when unknown. A ``WorkerPool`` converts with :meth:`from_pool`, which prices
+    workers as evaluation does (:func:`~conductor_pipeline.workers.pricing.token_prices`).
     """
 
     call: WorkerCaller
@@ -141,14 +143,7 @@ class PoolInfo:
 
     @classmethod
     def from_pool(cls, pool: Any) -> PoolInfo:
-        specs = list(getattr(pool, "specs", []) or [])
-        prices: list[tuple[float, float] | None] = []
-        for spec in specs:
-            if getattr(spec, "has_prices", False):
-                prices.append((float(spec.input_cost_per_token), float(spec.output_cost_per_token)))
-            else:
-                prices.append(None)
-        return cls(pool, list(pool.names), list(pool.descriptions), prices)
+        return cls(pool, list(pool.names), list(pool.descriptions), pool_token_prices(pool))
 
     def fingerprint(self) -> str:
         """Hash of worker names and prices (never endpoints or keys)."""
