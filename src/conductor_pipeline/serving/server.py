@@ -3,7 +3,8 @@ thread (:class:`BackgroundServer`, for tests, notebooks and the load benchmark).
 
 ``serve`` reads the project configuration (``conductor``, ``serving``, ``worker_pool``),
 resolves the served model (registry alias or version, adapter folder, or the base policy),
-starts the policy server when it is vLLM, opens the worker pool (starting the sandbox when
+puts a local policy behind the micro-batcher (``serving.batching``), starts the policy
+server when it is vLLM, opens the worker pool (starting the sandbox when
 the pool is the sandbox), and runs uvicorn until SIGTERM/SIGINT. Uvicorn's shutdown stops
 accepting connections and lets requests in flight finish (up to
 ``serving.shutdown_grace_s``); the pool and the policy server are stopped after that.
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.serving.app import ConductorService, Probe, create_app
+from conductor_pipeline.serving.batching import batched_policy
 from conductor_pipeline.serving.logs import configure_json_logging, secret_values
 from conductor_pipeline.serving.models import ModelResolutionError, resolve_served_model
 from conductor_pipeline.serving.policy_server import PolicyServerError, VllmPolicyServer
@@ -94,6 +96,17 @@ def mlflow_tracer(root: Path, experiment_name: str):
     return tracer
 
 
+def in_process_policy(
+    policy_params: dict[str, Any], adapter_dir: Path | None, settings: ServingSettings
+) -> Any:
+    """The Conductor of ``conductor.policy`` when no policy server is launched: a local
+    model behind the micro-batcher (``serving.batching``: concurrent requests share its
+    generation), an endpoint or the scripted rule as they are."""
+    from conductor_pipeline.workflow.config import build_policy
+
+    return batched_policy(build_policy(policy_params, adapter_dir=adapter_dir), settings.batching)
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -156,7 +169,7 @@ def serve(
     """``conductor serve``: run the Conductor API in the foreground until a signal."""
     from conductor_pipeline.project import load_project_config
     from conductor_pipeline.workers.runtime import open_worker_pool
-    from conductor_pipeline.workflow.config import build_policy, orchestration_config
+    from conductor_pipeline.workflow.config import orchestration_config
 
     formatter = configure_json_logging(log_level)
     config = load_project_config(env)
@@ -218,7 +231,7 @@ def serve(
                 Probe("policy", f"{settings.vllm.api_base}/models", settings.vllm.api_key())
             )
         else:
-            policy = build_policy(policy_params, adapter_dir=served.adapter_dir)
+            policy = in_process_policy(policy_params, served.adapter_dir, settings)
             if policy_params.get("kind") == "endpoint":
                 key = os.environ.get(policy_key_env) if policy_key_env else None
                 probes.append(

@@ -7,7 +7,7 @@
       port: 8700
       model: null                 # registry reference; null: conductor.policy.adapter if it resolves
       policy_server: local        # local: conductor.policy in this process | vllm: launch vLLM
-      max_concurrency: 4          # requests orchestrated at once; more are refused with 429
+      max_concurrency: 32         # requests orchestrated at once; more are refused with 429
       retry_after_s: 1            # the Retry-After header of a 429
       request_timeout_s: 300      # per request, Conductor and workers together (504 after)
       shutdown_grace_s: 30        # how long SIGTERM waits for requests in flight
@@ -19,6 +19,7 @@
       tracing_experiment: conductor-serving
       warm_up: true               # at start-up: cache the prompt opening, one short generation
       limits: {max_steps: 10, max_tokens: null, max_cost_usd: null, max_rounds: 2}
+      batching: {enabled: true, max_batch: 16, max_wait_ms: 20}   # see serving.batching
       vllm: {...}                 # see conductor_pipeline.serving.policy_server.VllmSettings
 
 ``limits`` are ceilings for the per-request budget fields; a request may ask for less than
@@ -32,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from conductor_pipeline.serving.batching import BatchingSettings
 from conductor_pipeline.serving.policy_server import VllmSettings
 
 POLICY_SERVERS = ("local", "vllm")
@@ -54,7 +56,7 @@ class ServingSettings:
     port: int = 8700
     model: str | None = None
     policy_server: str = "local"
-    max_concurrency: int = 4
+    max_concurrency: int = 32
     retry_after_s: int = 1
     request_timeout_s: float = 300.0
     shutdown_grace_s: float = 30.0
@@ -66,6 +68,7 @@ class ServingSettings:
     tracing_experiment: str = "conductor-serving"
     warm_up: bool = True
     limits: RequestLimits = field(default_factory=RequestLimits)
+    batching: BatchingSettings = field(default_factory=BatchingSettings)
     vllm: VllmSettings = field(default_factory=VllmSettings)
 
     def __post_init__(self) -> None:
@@ -107,7 +110,13 @@ def serving_settings(params: Mapping[str, Any] | None) -> ServingSettings:
         if value is not None and (isinstance(value, bool) or float(value) < 0):
             raise ValueError(f"serving.limits.{key}: must be >= 0 or null, got {value!r}")
     vllm = VllmSettings.from_mapping(params.pop("vllm", None) or {})
+    batching = params.pop("batching", None) or {}
+    if not isinstance(batching, Mapping):
+        raise ValueError("serving.batching: must be a mapping")
+    batching = BatchingSettings.from_mapping(batching)
     try:
-        return ServingSettings(**params, limits=RequestLimits(**limits), vllm=vllm)
+        return ServingSettings(
+            **params, limits=RequestLimits(**limits), vllm=vllm, batching=batching
+        )
     except TypeError as err:
         raise ValueError(f"serving: {err}") from err

@@ -1,0 +1,249 @@
+"""Micro-batching of Conductor generation for the API (``serving.batching``).
+
+A local Conductor generates one token after another, and on a CPU a decode step of a small
+model costs about the same for one row as for sixteen (the time goes to per-operation
+overhead, not arithmetic). Requests served one at a time therefore leave almost all of that
+capacity unused. :class:`MicroBatchingPolicy` wraps a policy that has ``complete_many``
+(:class:`~conductor_pipeline.workflow.policy.LocalPolicy`) and generates the Conductor
+samples that requests are waiting for at the same moment in one batched call:
+
+- a sample that arrives while nothing is generating waits at most ``max_wait_ms`` for
+  others to join; samples that arrive while a batch is generating form the next batch as
+  soon as it ends (they have waited longer than the window already);
+- a batch holds at most ``max_batch`` samples, all with the same temperature and token
+  limit (the oldest waiting sample's; the others wait for a later batch). In serving every
+  request uses the server's ``conductor.sampling``, so this is one group in practice;
+- one batch generates at a time (the model and the CPU are shared); the generation itself
+  runs in a worker thread (``complete_many`` does it), so the event loop keeps answering
+  other requests, probes and streams meanwhile;
+- a request that is cancelled (client gone, timeout) leaves the queue, or, if its batch is
+  already generating, its row's result is dropped; the other requests are not affected;
+- an exception from a batch fails exactly the requests in that batch, with
+  :class:`BatchGenerationError` naming the batch and the cause; the next batch runs.
+
+What a request gets does not depend on its batch: every row samples from its own
+generator seeded with the request's seed (``sample_seed`` of the orchestrator: the
+configured seed, the question, the round and the attempt), exactly as evaluation's batched
+generation does, so a request's text is the one it gets alone, up to the float rounding of
+a padded batch (the tests find no difference on the real SmolLM2 model). A batch of one
+goes through the policy's single-request path (``complete``), unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from conductor_pipeline.workflow.policy import PolicyCompletion
+
+
+@dataclass(frozen=True)
+class BatchingSettings:
+    """``serving.batching``: ``enabled`` (wrap a local policy), ``max_batch`` (samples per
+    batched call), ``max_wait_ms`` (how long the first sample waits for others)."""
+
+    enabled: bool = True
+    max_batch: int = 16
+    max_wait_ms: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(
+                f"serving.batching.enabled: must be true or false, got {self.enabled!r}"
+            )
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int):
+            raise ValueError(
+                f"serving.batching.max_batch: must be an integer, got {self.max_batch!r}"
+            )
+        if self.max_batch < 1:
+            raise ValueError(
+                f"serving.batching.max_batch: must be at least 1, got {self.max_batch}"
+            )
+        wait = self.max_wait_ms
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 10_000:
+            raise ValueError(
+                f"serving.batching.max_wait_ms: must be a number from 0 to 10000, got {wait!r}"
+            )
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, Any] | None) -> BatchingSettings:
+        params = dict(params or {})
+        known = {f.name for f in fields(cls)}
+        unknown = set(params) - known
+        if unknown:
+            raise ValueError(
+                f"serving.batching: unknown key(s) {sorted(unknown)}; expected {sorted(known)}"
+            )
+        return cls(**params)
+
+
+class BatchGenerationError(RuntimeError):
+    """The batched Conductor generation that a request was part of failed."""
+
+
+@dataclass(eq=False)
+class _Waiting:
+    key: tuple[float, int]  # (temperature, max_tokens): what a batch must share
+    messages: list[dict[str, str]]
+    seed: int
+    future: asyncio.Future
+    arrived: float  # loop time
+
+
+@dataclass
+class BatchStats:
+    """What the batcher has done (tests, benchmarks): ``sizes[n]`` batches of ``n`` rows."""
+
+    sizes: Counter = field(default_factory=Counter)
+
+    @property
+    def batches(self) -> int:
+        return sum(self.sizes.values())
+
+    @property
+    def rows(self) -> int:
+        return sum(n * count for n, count in self.sizes.items())
+
+
+class MicroBatchingPolicy:
+    """``policy`` (with ``complete_many``) behind a micro-batcher; see the module docstring.
+
+    It is a Conductor policy itself (``name``, ``complete``) and passes ``load`` and
+    ``warm_up`` through, so the API treats it as the policy it wraps. Bound to the event
+    loop of its first request; a new loop (tests) starts with an empty queue.
+    """
+
+    def __init__(self, policy: Any, settings: BatchingSettings | None = None) -> None:
+        if not callable(getattr(policy, "complete_many", None)):
+            raise ValueError(
+                f"MicroBatchingPolicy: {getattr(policy, 'name', policy)!r} has no complete_many"
+            )
+        settings = settings or BatchingSettings()
+        self.policy = policy
+        self.name: str = policy.name
+        self.max_batch = settings.max_batch
+        self.max_wait_s = settings.max_wait_ms / 1000
+        self.stats = BatchStats()
+        self._queue: list[_Waiting] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._drainer: asyncio.Task | None = None
+
+    def __repr__(self) -> str:
+        return f"MicroBatchingPolicy({self.policy!r}, max_batch={self.max_batch})"
+
+    def load(self) -> None:
+        loader = getattr(self.policy, "load", None)
+        if callable(loader):
+            loader()
+
+    @property
+    def warm_up(self) -> Any:
+        """The wrapped policy's ``warm_up`` (None when it has none): the warm-up is one
+        generation at start-up, before any request, so it needs no batching."""
+        return getattr(self.policy, "warm_up", None)
+
+    @property
+    def waiting(self) -> int:
+        """Samples queued for a batch that has not started."""
+        return sum(not w.future.done() for w in self._queue)
+
+    async def complete(
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
+    ) -> PolicyCompletion:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # a queue, event and drainer belong to one loop
+            self._loop, self._queue, self._wake, self._drainer = loop, [], asyncio.Event(), None
+        future = loop.create_future()
+        key = (float(temperature), int(max_tokens))
+        self._queue.append(_Waiting(key, messages, int(seed), future, loop.time()))
+        self._wake.set()
+        if self._drainer is None or self._drainer.done():
+            self._drainer = loop.create_task(self._drain(), name="conductor-batcher")
+        # cancelling the caller cancels this future: the batcher then skips or drops its row
+        return await future
+
+    async def _drain(self) -> None:
+        batch: list[_Waiting] = []
+        try:
+            while True:
+                batch = await self._collect()
+                if not batch:
+                    return
+                await self._generate(batch)
+                batch = []
+        finally:
+            # only on loop shutdown or a bug: nobody must wait for a batch that will not run
+            for waiting in [*batch, *self._queue]:
+                if not waiting.future.done():
+                    waiting.future.cancel()
+
+    async def _collect(self) -> list[_Waiting]:
+        """The next batch: the oldest live sample and up to ``max_batch - 1`` more with the
+        same settings, once the group is full or the oldest has waited ``max_wait_s``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._queue = [w for w in self._queue if not w.future.done()]
+            if not self._queue:
+                return []
+            first = self._queue[0]
+            group = [w for w in self._queue if w.key == first.key][: self.max_batch]
+            remaining = first.arrived + self.max_wait_s - loop.time()
+            if len(group) >= self.max_batch or remaining <= 0:
+                taken = set(map(id, group))
+                self._queue = [w for w in self._queue if id(w) not in taken]
+                return group
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), remaining)
+
+    async def _generate(self, batch: list[_Waiting]) -> None:
+        temperature, max_tokens = batch[0].key
+        self.stats.sizes[len(batch)] += 1
+        try:
+            if len(batch) == 1:
+                only = batch[0]
+                outputs = [
+                    await self.policy.complete(
+                        only.messages,
+                        temperature=temperature,
+                        max_tokens=max_tokens,
+                        seed=only.seed,
+                    )
+                ]
+            else:
+                outputs = await self.policy.complete_many(
+                    [w.messages for w in batch],
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                    seeds=[w.seed for w in batch],
+                )
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"{len(outputs)} completions for {len(batch)} prompts")
+        except Exception as exc:
+            error = BatchGenerationError(
+                f"Conductor generation failed for a batch of {len(batch)} request(s): "
+                f"{type(exc).__name__}: {exc}"
+            )
+            error.__cause__ = exc
+            for waiting in batch:
+                if not waiting.future.done():
+                    waiting.future.set_exception(error)
+            return
+        for waiting, output in zip(batch, outputs, strict=True):
+            if not waiting.future.done():  # a cancelled request's row is dropped
+                waiting.future.set_result(output)
+
+
+def batched_policy(policy: Any, settings: BatchingSettings) -> Any:
+    """``policy`` behind a :class:`MicroBatchingPolicy` when batching is enabled and the
+    policy can generate several samples at once; otherwise ``policy`` itself (an endpoint
+    batches on its server; the scripted policy needs no model)."""
+    if settings.enabled and callable(getattr(policy, "complete_many", None)):
+        return MicroBatchingPolicy(policy, settings)
+    return policy

@@ -1,0 +1,377 @@
+"""Micro-batching of Conductor generation in the API (issue 15, section 4).
+
+Around a fake policy: grouping by sampling settings, the collection window, the batch size
+cap, error isolation and cancellation. With the real SmolLM2 policy: concurrent requests are
+generated in fewer batched calls and write the texts they write one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import pytest
+
+from conductor_pipeline.serving.batching import (
+    BatchGenerationError,
+    BatchingSettings,
+    MicroBatchingPolicy,
+    batched_policy,
+)
+from conductor_pipeline.serving.server import BackgroundServer, in_process_policy
+from conductor_pipeline.serving.settings import ServingSettings, serving_settings
+from conductor_pipeline.workflow.policy import LocalPolicy, PolicyCompletion, ScriptedPolicy
+
+from .test_app import KEY, ask, make_service, post
+
+
+class FakePolicy:
+    """Echoes each prompt and seed; records every call; ``hold`` keeps a batched call open
+    until set; a prompt ``boom`` makes its batch fail."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[int], float, int]] = []
+        self.hold: asyncio.Event | None = None
+        self.started = asyncio.Event()
+        self.loaded = False
+
+    def load(self) -> None:
+        self.loaded = True
+
+    @staticmethod
+    def _reply(messages: list[dict[str, str]], seed: int) -> PolicyCompletion:
+        return PolicyCompletion(f"{messages[-1]['content']}#{seed}", 1, 1, 0.0)
+
+    async def complete(self, messages, *, temperature, max_tokens, seed):  # noqa: ANN001, ANN201
+        self.calls.append(("one", [seed], temperature, max_tokens))
+        return self._reply(messages, seed)
+
+    async def complete_many(self, conversations, *, temperature, max_tokens, seeds):  # noqa: ANN001, ANN201
+        self.calls.append(("many", list(seeds), temperature, max_tokens))
+        self.started.set()
+        if self.hold is not None:
+            await self.hold.wait()
+        if any(c[-1]["content"] == "boom" for c in conversations):
+            raise RuntimeError("the model ran out of memory")
+        return [self._reply(c, s) for c, s in zip(conversations, seeds, strict=True)]
+
+
+def _msgs(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def _ask(policy, text: str, seed: int, temperature: float = 0.7, max_tokens: int = 16):  # noqa: ANN001, ANN202
+    return policy.complete(_msgs(text), temperature=temperature, max_tokens=max_tokens, seed=seed)
+
+
+def test_requests_waiting_together_share_one_batch_and_get_their_own_rows():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+    async def go():
+        return await asyncio.gather(*(_ask(policy, f"q{i}", seed=100 + i) for i in range(5)))
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == [f"q{i}#{100 + i}" for i in range(5)]
+    assert fake.calls == [("many", [100, 101, 102, 103, 104], 0.7, 16)]
+    assert policy.stats.sizes == {5: 1} and policy.stats.rows == 5
+
+
+def test_different_sampling_settings_are_generated_in_separate_batches():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=0))
+
+    async def go():
+        return await asyncio.gather(
+            _ask(policy, "a", 1, temperature=0.7),
+            _ask(policy, "b", 2, temperature=0.0),
+            _ask(policy, "c", 3, temperature=0.7),
+            _ask(policy, "d", 4, temperature=0.7, max_tokens=64),
+            _ask(policy, "e", 5, temperature=0.0),
+        )
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == ["a#1", "b#2", "c#3", "d#4", "e#5"]
+    # oldest group first; a group of one takes the single-request path
+    assert fake.calls == [
+        ("many", [1, 3], 0.7, 16),
+        ("many", [2, 5], 0.0, 16),
+        ("one", [4], 0.7, 64),
+    ]
+
+
+def test_max_batch_caps_a_batch_and_the_rest_follow():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=3, max_wait_ms=0))
+
+    async def go():
+        return await asyncio.gather(*(_ask(policy, f"q{i}", seed=i) for i in range(7)))
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == [f"q{i}#{i}" for i in range(7)]
+    assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_a_lone_request_is_answered_when_the_window_closes():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=30))
+    out = asyncio.run(_ask(policy, "alone", 9))
+    assert out.text == "alone#9" and fake.calls == [("one", [9], 0.7, 16)]
+
+
+def test_a_full_batch_does_not_wait_for_the_window():
+    """A window of 10 minutes: the test would hang if a full batch waited for it."""
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=2, max_wait_ms=10_000))
+
+    async def go():
+        return await asyncio.wait_for(
+            asyncio.gather(_ask(policy, "x", 1), _ask(policy, "y", 2)), timeout=60
+        )
+
+    assert [c.text for c in asyncio.run(go())] == ["x#1", "y#2"]
+
+
+def test_requests_arriving_during_a_generation_form_the_next_batch():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+    async def go():
+        fake.hold = asyncio.Event()
+        first = [asyncio.create_task(_ask(policy, f"a{i}", i)) for i in range(2)]
+        await fake.started.wait()  # the first batch is generating
+        later = [asyncio.create_task(_ask(policy, f"b{i}", 10 + i)) for i in range(3)]
+        await asyncio.sleep(0)
+        assert policy.waiting == 3
+        fake.hold.set()
+        return await asyncio.gather(*first, *later)
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == ["a0#0", "a1#1", "b0#10", "b1#11", "b2#12"]
+    assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1], [10, 11, 12]]
+
+
+def test_a_failed_batch_fails_only_its_own_requests():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=0))
+
+    async def go():
+        return await asyncio.gather(
+            _ask(policy, "boom", 1, temperature=0.0),
+            _ask(policy, "fine", 2, temperature=0.0),
+            _ask(policy, "other", 3, temperature=1.0),
+            _ask(policy, "group", 4, temperature=1.0),
+            return_exceptions=True,
+        )
+
+    failed_a, failed_b, ok_a, ok_b = asyncio.run(go())
+    for error in (failed_a, failed_b):
+        assert isinstance(error, BatchGenerationError)
+        assert "batch of 2" in str(error) and "out of memory" in str(error)
+        assert isinstance(error.__cause__, RuntimeError)
+    assert (ok_a.text, ok_b.text) == ("other#3", "group#4")
+
+    async def after():  # the batcher keeps serving
+        return await asyncio.gather(_ask(policy, "again", 5), _ask(policy, "more", 6))
+
+    assert [c.text for c in asyncio.run(after())] == ["again#5", "more#6"]
+
+
+def test_a_wrong_number_of_completions_is_an_error_not_a_misrouted_answer():
+    fake = FakePolicy()
+
+    async def short(conversations, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        return [PolicyCompletion("only one", 1, 1, 0.0)]
+
+    fake.complete_many = short
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=0))
+
+    async def go():
+        return await asyncio.gather(
+            _ask(policy, "a", 1), _ask(policy, "b", 2), return_exceptions=True
+        )
+
+    for error in asyncio.run(go()):
+        assert isinstance(error, BatchGenerationError) and "1 completions for 2" in str(error)
+
+
+def test_a_cancelled_request_leaves_its_batch_alone():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+    async def go():
+        fake.hold = asyncio.Event()
+        running = [asyncio.create_task(_ask(policy, f"r{i}", i)) for i in range(3)]
+        await fake.started.wait()
+        running[1].cancel()  # its row is generating: the result is dropped
+        queued = [asyncio.create_task(_ask(policy, f"q{i}", 10 + i)) for i in range(3)]
+        await asyncio.sleep(0)
+        queued[0].cancel()  # still queued: it never reaches the model
+        await asyncio.sleep(0)
+        fake.hold.set()
+        return await asyncio.gather(*running, *queued, return_exceptions=True)
+
+    out = asyncio.run(go())
+    assert isinstance(out[1], asyncio.CancelledError) and isinstance(out[3], asyncio.CancelledError)
+    assert [out[i].text for i in (0, 2, 4, 5)] == ["r0#0", "r2#2", "q1#11", "q2#12"]
+    assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1, 2], [11, 12]]
+
+
+def test_the_batcher_starts_afresh_on_a_new_event_loop():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=0))
+    for seed in (1, 2):
+        assert asyncio.run(_ask(policy, "x", seed)).text == f"x#{seed}"
+
+
+def test_settings_validation_names_the_key():
+    assert serving_settings({}).batching == BatchingSettings()
+    assert ServingSettings().max_concurrency >= BatchingSettings().max_batch
+    custom = serving_settings({"batching": {"max_batch": 4, "max_wait_ms": 5, "enabled": False}})
+    assert custom.batching == BatchingSettings(enabled=False, max_batch=4, max_wait_ms=5)
+    for bad, key in [
+        ({"max_batch": 0}, "max_batch"),
+        ({"max_batch": 2.5}, "max_batch"),
+        ({"max_wait_ms": -1}, "max_wait_ms"),
+        ({"max_wait_ms": "soon"}, "max_wait_ms"),
+        ({"enabled": "yes"}, "enabled"),
+        ({"window": 3}, "unknown"),
+    ]:
+        with pytest.raises(ValueError, match=key):
+            serving_settings({"batching": bad})
+    with pytest.raises(ValueError, match="serving.batching"):
+        serving_settings({"batching": [1]})
+
+
+def test_only_a_policy_that_batches_is_wrapped_and_it_passes_load_through():
+    settings = BatchingSettings()
+    scripted = ScriptedPolicy()
+    assert batched_policy(scripted, settings) is scripted
+    fake = FakePolicy()
+    assert batched_policy(fake, BatchingSettings(enabled=False)) is fake
+    wrapped = batched_policy(fake, settings)
+    assert isinstance(wrapped, MicroBatchingPolicy) and wrapped.name == "fake"
+    wrapped.load()
+    assert fake.loaded and wrapped.warm_up is None
+    with pytest.raises(ValueError, match="complete_many"):
+        MicroBatchingPolicy(scripted)
+    # what `conductor serve` builds from conductor.policy (nothing is loaded here)
+    local = in_process_policy({"kind": "local"}, None, ServingSettings())
+    assert isinstance(local, MicroBatchingPolicy) and isinstance(local.policy, LocalPolicy)
+    assert local.warm_up == local.policy.warm_up
+    off = ServingSettings(batching=BatchingSettings(enabled=False))
+    assert isinstance(in_process_policy({"kind": "local"}, None, off), LocalPolicy)
+    assert isinstance(
+        in_process_policy({"kind": "scripted"}, None, ServingSettings()), ScriptedPolicy
+    )
+
+
+class ScriptedBatches(ScriptedPolicy):
+    """The scripted rule with ``complete_many``; counts rows per batched call."""
+
+    def __init__(self) -> None:
+        super().__init__(worker=1)
+        self.batches: list[int] = []
+        self.lock = threading.Lock()
+
+    async def complete_many(self, conversations, *, temperature, max_tokens, seeds):  # noqa: ANN001, ANN201
+        with self.lock:
+            self.batches.append(len(conversations))
+        await asyncio.sleep(0.05)  # a generation long enough for others to queue behind it
+        return [
+            await self.complete(c, temperature=temperature, max_tokens=max_tokens, seed=s)
+            for c, s in zip(conversations, seeds, strict=True)
+        ]
+
+
+def test_concurrent_api_requests_share_batches():
+    inner = ScriptedBatches()
+    # a long window: the requests batch however slowly this machine sends them
+    policy = MicroBatchingPolicy(inner, BatchingSettings(max_batch=6, max_wait_ms=1000))
+    with BackgroundServer(make_service(policy, max_concurrency=16)) as server:
+        server.wait_ready()
+
+        async def go():
+            async with httpx.AsyncClient(timeout=60) as client:
+                headers = {"Authorization": f"Bearer {KEY}"}
+                return await asyncio.gather(
+                    *(
+                        client.post(
+                            f"{server.base_url}/chat/completions",
+                            json=ask(f"What is {i} + {i}?", seed=i),
+                            headers=headers,
+                        )
+                        for i in range(12)
+                    )
+                )
+
+        responses = asyncio.run(go())
+        assert post(server, ask()).status_code == 200
+    assert [r.status_code for r in responses] == [200] * 12
+    for i, response in enumerate(responses):
+        steps = response.json()["conductor"]["steps"]
+        assert steps[0]["subtask"] == f"What is {i} + {i}?"  # each got its own workflow
+    assert sum(inner.batches) + policy.stats.sizes.get(1, 0) == policy.stats.rows == 13
+    assert policy.stats.batches < 12  # fewer generate calls than requests
+
+
+# --- the real policy ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> LocalPolicy:
+    policy = LocalPolicy(torch_threads=1)
+    policy.load()
+    return policy
+
+
+def test_real_policy_concurrent_requests_write_their_sequential_texts(smollm2):
+    from conductor_pipeline.workflow.orchestrator import sample_seed
+    from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
+
+    def planning(question: str) -> list[dict[str, str]]:
+        return conductor_messages(question, ["a", "b", "c"], PromptConfig())
+
+    questions = [
+        "Compute the sum of 1234 and 4321.",
+        "Are all cats mammals? Yes or No.",
+        "Write a Python function that reverses a string.",
+        "What is the capital of France?",
+        "Compute the sum of 1234 and 4321.",  # the same question, another seed
+    ]
+    seeds = [sample_seed(0, q, 0, i // 4) for i, q in enumerate(questions)]
+    smollm2.warm_up([planning("What is 2 + 2?"), planning("Is ice cold?")])
+    sequential = [
+        asyncio.run(smollm2.complete(planning(q), temperature=0.7, max_tokens=20, seed=s))
+        for q, s in zip(questions, seeds, strict=True)
+    ]
+    policy = MicroBatchingPolicy(smollm2, BatchingSettings(max_batch=16, max_wait_ms=0))
+    ticks = 0
+
+    async def heartbeat(done: asyncio.Event) -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    async def go():
+        done = asyncio.Event()
+        beat = asyncio.create_task(heartbeat(done))
+        out = await asyncio.gather(
+            *(
+                policy.complete(planning(q), temperature=0.7, max_tokens=20, seed=s)
+                for q, s in zip(questions, seeds, strict=True)
+            )
+        )
+        done.set()
+        await beat
+        return out
+
+    concurrent = asyncio.run(go())
+    assert [c.text for c in concurrent] == [c.text for c in sequential]
+    assert [c.completion_tokens for c in concurrent] == [c.completion_tokens for c in sequential]
+    assert [c.prompt_tokens for c in concurrent] == [c.prompt_tokens for c in sequential]
+    assert policy.stats.sizes == {5: 1}  # five requests, one batched generate call
+    assert ticks >= 5  # the event loop kept running while the batch generated
