@@ -1,0 +1,210 @@
+"""Shared-prefill generation: sampled completions for rows grouped by prompt, each prompt's
+keys and values held once for its group, finished rows leaving the batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from conductor_pipeline.training.fast_paths.attention import gqa_attention, unwrapped_model
+from conductor_pipeline.training.fast_paths.layers import (
+    FastPathUnsupported,
+    FrozenStates,
+    backbone_and_head,
+    layer_inputs,
+)
+from conductor_pipeline.training.fast_paths.prefill import KV, group_rows, prompt_caches
+
+__all__ = ["DecodeLayer", "plain_warpers", "sample_tokens", "shared_prefill_generate"]
+
+# -- generation ------------------------------------------------------------------------------
+
+
+class DecodeLayer(DynamicLayer):
+    """One layer's decode cache: each prompt group's keys and values once (a padded batch
+    cache holds a prompt once per row, and attention reads every copy at every token), and
+    the generated tokens' per row in preallocated buffers (``DynamicLayer`` concatenates
+    the whole cache again at every token)."""
+
+    def __init__(
+        self, prompts: list[tuple[torch.Tensor, torch.Tensor]], rows: int, width: int
+    ) -> None:
+        super().__init__()
+        keys, values = prompts[0]
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self.prompts = prompts
+        self._keys = keys.new_zeros((rows, keys.shape[1], width, keys.shape[3]))
+        self._values = values.new_zeros((rows, values.shape[1], width, values.shape[3]))
+        self.length = 0
+        self._views()
+
+    def _views(self) -> None:
+        self.keys = self._keys[:, :, : self.length]
+        self.values = self._values[:, :, : self.length]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
+        self.length = end
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self._views()
+
+
+def _spans(row_groups: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(group, first row, end row)`` of each run of rows of one group."""
+    spans: list[tuple[int, int, int]] = []
+    for row, group in enumerate(row_groups):
+        if spans and spans[-1][0] == group:
+            spans[-1] = (group, spans[-1][1], row + 1)
+        else:
+            spans.append((group, row, row + 1))
+    return spans
+
+
+class _GroupedDecodeCache(Cache):
+    """The decode cache of rows sorted by prompt group; ``spans`` locates each group's
+    rows among the live ones (see :func:`grouped_decode_attention`)."""
+
+    def __init__(self, caches: list[KV], row_groups: Sequence[int], width: int) -> None:
+        n_layers = len(caches[0])
+        super().__init__(
+            layers=[
+                DecodeLayer([kv[i] for kv in caches], len(row_groups), width)
+                for i in range(n_layers)
+            ]
+        )
+        self.spans = _spans(row_groups)
+
+    def keep(self, indices: torch.Tensor, row_groups: Sequence[int]) -> None:
+        """Keep the rows at ``indices`` (unfinished ones), whose groups are ``row_groups``."""
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
+        self.spans = _spans(row_groups)
+
+
+def sample_tokens(
+    logits: torch.Tensor, warpers: LogitsProcessorList, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """One token per row of ``logits`` (rows x vocabulary), from the distribution
+    transformers samples from: the warpers, then softmax. Drawn by inverse CDF, which
+    needs one uniform number per row where ``torch.multinomial`` draws one per token."""
+    scores = warpers(None, logits) if warpers else logits
+    probs = torch.softmax(scores, dim=-1)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[:, -1:]
+    uniform = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=cdf.device)
+    # strictly below the total, so the chosen token always has a positive probability
+    draw = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, draw, right=True).squeeze(1)
+
+
+def plain_warpers(temperature: float, top_p: float) -> LogitsProcessorList:
+    """The warpers transformers builds for plain sampling (none at 1.0)."""
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    return warpers
+
+
+def _head_logits(head: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head on a few rows. MKL computes ``W @ h.T`` for 8 rows of SmolLM2's 49k x 576
+    head in about half the time of ``F.linear`` (the same dot products)."""
+    if type(head) is not torch.nn.Linear:
+        return head(hidden)
+    logits = (head.weight @ hidden.T).T
+    return logits if head.bias is None else logits + head.bias
+
+
+@torch.no_grad()
+def shared_prefill_generate(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int],
+    warpers: LogitsProcessorList | None = None,
+    share_prefix: bool = True,
+    generator: torch.Generator | None = None,
+    record: FrozenStates | None = None,
+) -> list[list[int]]:
+    """Sampled completions, one per row of ``prompt_ids`` (rows may repeat a prompt).
+
+    Each row's completion ends with its first EOS token (any of ``eos_token_ids``, kept) or
+    after ``max_new_tokens`` tokens: the token lists TRL's ``_generate_single_turn`` returns.
+    Each distinct prompt is prefilled once (see :func:`prompt_caches`); its rows then decode
+    together on its cache (:class:`_GroupedDecodeCache`), and a finished row leaves the
+    batch. ``record`` receives the states entering its layer.
+    """
+    if not prompt_ids or min(len(p) for p in prompt_ids) < 2:
+        raise FastPathUnsupported("prompts of fewer than two tokens")
+    backbone, head = backbone_and_head(model)
+    warpers = warpers if warpers is not None else LogitsProcessorList()
+    groups = group_rows(prompt_ids)
+    live = [row for _, rows in groups for row in rows]  # rows sorted by group
+    live_groups = [index for index, (_, rows) in enumerate(groups) for _ in rows]
+    completions: list[list[int]] = [[] for _ in prompt_ids]
+    fed: list[list[torch.Tensor]] = [[] for _ in prompt_ids]
+    with gqa_attention(model) as grouped_heads:
+        if not grouped_heads:
+            raise FastPathUnsupported(
+                f"attention {unwrapped_model(model).config._attn_implementation}"
+            )
+        caches = prompt_caches(
+            model, [ids for ids, _ in groups], share_prefix=share_prefix, record=record
+        )
+        cache = _GroupedDecodeCache(caches, live_groups, max_new_tokens)
+        device = caches[0][0][0].device
+        tokens = torch.tensor([[prompt_ids[row][-1]] for row in live], device=device)
+        positions = torch.tensor([[len(prompt_ids[row]) - 1] for row in live], device=device)
+        eos = torch.tensor(list(eos_token_ids), device=device)
+        with layer_inputs(backbone, record.layer if record is not None else None) as seen:
+            for _ in range(max_new_tokens):
+                hidden = backbone(
+                    input_ids=tokens,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    grouped_decode=cache,
+                ).last_hidden_state[:, -1]
+                chosen = sample_tokens(_head_logits(head, hidden).float(), warpers, generator)
+                states = seen.pop() if seen else None
+                for i, (row, token) in enumerate(zip(live, chosen.tolist(), strict=True)):
+                    completions[row].append(token)
+                    if states is not None:
+                        fed[row].append(states[i, 0])
+                done = torch.isin(chosen, eos)
+                if bool(done.all()):
+                    break
+                if bool(done.any()):
+                    keep = (~done).nonzero().squeeze(1)
+                    live = [live[i] for i in keep.tolist()]
+                    live_groups = [live_groups[i] for i in keep.tolist()]
+                    cache.keep(keep, live_groups)
+                    chosen, positions = chosen[keep], positions[keep]
+                tokens = chosen.unsqueeze(1)
+                positions = positions + 1
+    if record is not None:
+        for ids, completion, states in zip(prompt_ids, completions, fed, strict=True):
+            record.rollouts[(tuple(ids), tuple(completion))] = torch.stack(states)
+    return completions
