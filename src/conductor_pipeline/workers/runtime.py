@@ -16,8 +16,19 @@ The ``worker_pool`` configuration (``conf/*/workers.yml``)::
         load_real_model: true
         tasks: [data/05_model_input/train_tasks.parquet, ...]
       workers: []                   # kind: configured (see conductor_pipeline.workers.config)
+      faults:                       # injected worker faults, for chaos runs (all rates 0: off)
+        level: provider             # provider: below the litellm Router, one draw per attempt
+                                    # pool: above it, one draw per pool call (no call made)
+        seed: 0
+        rates: {timeout: 0.0, rate_limit: 0.0, provider_error: 0.0, empty_reply: 0.0}
 
 Relative paths are resolved against the project root.
+
+``faults`` default to the provider level because that is where a real provider fails: the
+Router's configured retries (``num_retries`` per worker) and fallbacks then run as they
+would against a flaky API, and callers see only what is left after them. ``pool`` skips
+the Router (no call is made for an injected fault), so every injected fault reaches the
+caller; it also offers ``malformed_reply``, which only a reply can carry below the Router.
 
 A sandbox pool that holds simulated ``sim-*`` workers gets a ``question_check`` (a
 :class:`~conductor_pipeline.workers.sandbox.SandboxQuestionCheck`): those workers only know
@@ -29,15 +40,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.workers.cache import ResponseCache
-from conductor_pipeline.workers.faults import FaultInjector, ProviderFaults
+from conductor_pipeline.workers.faults import FaultInjector, ProviderFaults, parse_fault_rates
 from conductor_pipeline.workers.pool import WorkerPool
 
-_POOL_KEYS = {"kind", "cache", "usage_log", "sandbox", "workers", "defaults"}
+logger = logging.getLogger(__name__)
+
+_POOL_KEYS = {"kind", "cache", "usage_log", "sandbox", "workers", "defaults", "faults"}
+_FAULT_KEYS = {"level", "seed", "rates"}
+FAULT_LEVELS = ("provider", "pool")
 _SANDBOX_KEYS = {
     "profiles",
     "workers",
@@ -72,6 +89,60 @@ def _check(config: Mapping[str, Any]) -> None:
             )
     elif not config.get("workers"):
         raise ValueError("worker_pool.workers: a configured pool needs at least one worker entry")
+    fault_settings(config)
+
+
+@dataclass(frozen=True)
+class FaultSettings:
+    """``worker_pool.faults`` once checked: the non-zero ``rates`` by failure kind name."""
+
+    level: str = "provider"
+    seed: int = 0
+    rates: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rates)
+
+
+def fault_settings(config: Mapping[str, Any]) -> FaultSettings:
+    """The ``faults`` section of a ``worker_pool`` configuration (absent or null: off).
+
+    Raises ``ValueError`` naming the key for an unknown key, level or failure kind, a rate
+    outside [0, 1], rates adding up to more than 1, or a seed that is not an integer.
+    """
+    section = config.get("faults")
+    if section is None:
+        return FaultSettings()
+    if not isinstance(section, Mapping):
+        raise ValueError("worker_pool.faults: must be a mapping (level, seed, rates)")
+    unknown = set(section) - _FAULT_KEYS
+    if unknown:
+        raise ValueError(
+            f"worker_pool.faults: unknown key(s) {sorted(unknown)}; expected {sorted(_FAULT_KEYS)}"
+        )
+    level = section.get("level") or "provider"
+    if level not in FAULT_LEVELS:
+        raise ValueError(f"worker_pool.faults.level: must be one of {FAULT_LEVELS}, got {level!r}")
+    seed = section.get("seed") or 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"worker_pool.faults.seed: must be an integer, got {seed!r}")
+    rates = section.get("rates") or {}
+    if not isinstance(rates, Mapping):
+        raise ValueError("worker_pool.faults.rates: must map failure kinds to rates")
+    try:
+        parsed = parse_fault_rates(rates)
+    except ValueError as err:
+        raise ValueError(f"worker_pool.faults.rates: {err}") from None
+    active = {kind: rate for kind, rate in parsed.items() if rate > 0}
+    if level == "provider":
+        unsupported = sorted(k.value for k in active if k not in ProviderFaults.SUPPORTED)
+        if unsupported:
+            raise ValueError(
+                f"worker_pool.faults.rates: {unsupported} cannot be injected at level "
+                "'provider' (below the router); use level: pool"
+            )
+    return FaultSettings(level, seed, {kind.value: rate for kind, rate in active.items()})
 
 
 def _resolve(root: Path, path: str | Path) -> Path:
@@ -107,9 +178,25 @@ def open_worker_pool(
     ``cache_mode`` overrides the configured cache mode (e.g. ``"off"`` for a benchmark).
     ``fault_rates`` wraps every call in a :class:`FaultInjector` (above the router, no call is
     made for an injected fault); ``provider_fault_rates`` injects faults below the router, so
-    retries and fallbacks really happen. Both exist for tests and the reliability benchmark.
+    retries and fallbacks really happen. Without either, the configured ``faults`` apply
+    (see the module docstring); given either, the configured ones are ignored. The yielded
+    pool's ``faults`` is the injector in use (its ``stats`` count what it did), or None.
     """
     _check(config)
+    if fault_rates is None and provider_fault_rates is None:
+        settings = fault_settings(config)
+        if settings.active:
+            if settings.level == "provider":
+                provider_fault_rates = settings.rates
+            else:
+                fault_rates = settings.rates
+            fault_seed = settings.seed
+            logger.warning(
+                "worker_pool.faults: injecting worker faults at level %r (seed %d): %s",
+                settings.level,
+                settings.seed,
+                settings.rates,
+            )
     cache_config = dict(config.get("cache") or {})
     mode = cache_mode or cache_config.get("mode", "read_write")
     cache = None
@@ -142,6 +229,7 @@ def open_worker_pool(
             provider_faults=provider_faults,
         )
         pool.question_check = question_check
+        pool.faults = provider_faults
         stack.callback(lambda: asyncio.run(pool.aclose()))
         if fault_rates:
             yield _FaultyPool(pool, FaultInjector(pool, dict(fault_rates), seed=fault_seed))
@@ -188,6 +276,7 @@ class _FaultyPool:
 
     def __init__(self, pool: WorkerPool, injector: FaultInjector):
         self._pool, self.injector = pool, injector
+        self.faults = injector
 
     async def __call__(self, worker, messages, sample_index: int = 0, **overrides):
         return await self.injector(worker, messages, sample_index, **overrides)
