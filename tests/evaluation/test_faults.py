@@ -1,10 +1,9 @@
-"""A pool where 30 % of calls fail: the evaluation completes, and every failure is counted."""
+"""Injected faults through a real sandbox pool change no answer: the Router's retries and the
+evaluation's own absorb them, and a pair whose retries ran out is left out, not scored."""
 
 from __future__ import annotations
 
 import asyncio
-
-import pytest
 
 from conductor_pipeline.evaluation import (
     EvaluationConfig,
@@ -14,72 +13,74 @@ from conductor_pipeline.evaluation import (
     results_frame,
     summarise,
 )
+from conductor_pipeline.workers.faults import FaultInjector, ProviderFaults
 from conductor_pipeline.workers.runtime import open_worker_pool
 
 from .conftest import sandbox_pool_config
 from .fakes import ScriptedConductor, make_tasks
 
+SYSTEMS = ["conductor", "base-policy", "solo", "moa", "random-workflow", "best-of-n", "router"]
 
-def test_failure_heavy_pool_completes_with_failures_counted(prepared):
+
+def _evaluate(pool, tasks, validation, config):
+    return asyncio.run(
+        evaluate(
+            tasks,
+            PoolView.from_pool(pool),
+            config,
+            conductor=PolicyUnderTest(
+                ScriptedConductor(math_worker=1, two_steps=True), "v", "scripted"
+            ),
+            base_policy=PolicyUnderTest(ScriptedConductor(math_worker=3), "b", "base"),
+            validation_tasks=validation,
+            pool_id="sandbox",
+            progress=False,
+        )
+    )
+
+
+def test_thirty_percent_provider_faults_from_config_change_no_answer(prepared):
     root, test_path, validation_path = prepared
     tasks, validation = make_tasks(3), make_tasks(2, "validation")
-    config = EvaluationConfig.from_params({"conductor": {"max_parse_attempts": 1}})
-    rates = {"timeout": 0.1, "rate_limit": 0.1, "provider_error": 0.1}
-    with open_worker_pool(
-        sandbox_pool_config([test_path, validation_path], cache_mode="off"),
-        root=root,
-        fault_rates=rates,
-    ) as pool:
-        view = PoolView.from_pool(pool)
-        run = asyncio.run(
-            evaluate(
-                tasks,
-                view,
-                config,
-                conductor=PolicyUnderTest(
-                    ScriptedConductor(math_worker=1, two_steps=True), "v", "scripted"
-                ),
-                base_policy=PolicyUnderTest(ScriptedConductor(math_worker=3), "b", "base"),
-                validation_tasks=validation,
-                progress=False,
-            )
-        )
-        injected = sum(pool.injector.stats["injected"].values())
-    everything = results_frame(run.results)
-    frame = everything[everything["split"] == "test"]
-    summary = summarise(everything, samples=200).set_index("system")
-    # every system answered every question: nothing dropped
-    assert (summary["n"] == len(tasks)).all()
-    assert (
-        len(summary) == 3 + 4 + 1 + 1 + 1 + 2
-    )  # conductors, solos, moa, random, best-of-n, router+oracle
-    failed = frame[frame["failed_calls"] > 0]
-    assert injected > 0 and len(failed) > 0
-    # (the validation questions the router was fitted on are in the table too)
-    recorded = int(
-        everything[~everything["system"].isin(["router", "oracle"])]["failed_calls"].sum()
+    config = EvaluationConfig.from_params(
+        {"systems": SYSTEMS + ["oracle"], "conductor": {"max_parse_attempts": 1}}
     )
-    assert recorded == injected  # every injected failure is in some question's record
-    for system, rows in frame.groupby("system"):
-        assert summary.loc[system, "infra_failures"] == int(rows["infra_failure"].sum())
-        assert summary.loc[system, "failed_calls"] == int(rows["failed_calls"].sum())
-    # an infra-failed question without an answer counts as wrong, and is still counted
-    unanswered = frame[(frame["infra_failure"]) & (frame["answer"] == "")]
-    assert not unanswered["correct"].any()
-    assert (frame.groupby("system").size() == len(tasks)).all()
-    assert summary["accuracy"].between(0, 1).all()
+    clean_config = sandbox_pool_config([test_path, validation_path])
+    clean_config["cache"]["path"] = "data/03_primary/clean_cache.sqlite"
+    with open_worker_pool(clean_config, root=root) as pool:
+        assert pool.faults is None
+        clean = _evaluate(pool, tasks, validation, config)
+
+    faulty_config = sandbox_pool_config([test_path, validation_path])
+    faulty_config["faults"] = {
+        "level": "provider",
+        "seed": 5,
+        "rates": {"timeout": 0.1, "rate_limit": 0.1, "provider_error": 0.1},
+    }
+    with open_worker_pool(faulty_config, root=root) as pool:
+        assert isinstance(pool.faults, ProviderFaults)  # the configured faults reached the pool
+        run = _evaluate(pool, tasks, validation, config)
+        injected = sum(pool.faults.stats["injected"].values())
+    assert injected > 0
+    assert run.info["infra_failed_pairs"] == 0
+    answers = {(r.system, r.split, r.question_id): (r.answer, r.correct) for r in run.results}
+    expected = {(r.system, r.split, r.question_id): (r.answer, r.correct) for r in clean.results}
+    assert answers == expected
+    columns = ["system", "n", "accuracy", "infra_failures"]
+    faulty_table = summarise(results_frame(run.results), samples=200)[columns]
+    assert faulty_table.equals(summarise(results_frame(clean.results), samples=200)[columns])
 
 
-@pytest.mark.parametrize("rates", [{"timeout": 1.0}])
-def test_a_dead_pool_still_yields_a_full_table(prepared, rates):
+def test_a_dead_pool_leaves_every_pair_out_and_counts_it(prepared):
     root, test_path, validation_path = prepared
     tasks = make_tasks(2)
-    config = EvaluationConfig.from_params({"systems": ["conductor", "solo", "moa", "oracle"]})
-    with open_worker_pool(
-        sandbox_pool_config([test_path, validation_path], cache_mode="off"),
-        root=root,
-        fault_rates=rates,
-    ) as pool:
+    config = EvaluationConfig.from_params(
+        {"systems": ["conductor", "solo", "moa", "oracle"], "infra_retries": 1, "retry_delay_s": 0}
+    )
+    pool_config = sandbox_pool_config([test_path, validation_path], cache_mode="off")
+    pool_config["faults"] = {"level": "pool", "rates": {"timeout": 1.0}}
+    with open_worker_pool(pool_config, root=root) as pool:
+        assert isinstance(pool.faults, FaultInjector)
         run = asyncio.run(
             evaluate(
                 tasks,
@@ -89,7 +90,8 @@ def test_a_dead_pool_still_yields_a_full_table(prepared, rates):
                 progress=False,
             )
         )
+    assert run.info["worker_call_retries"]["exhausted"] > 0
     summary = summarise(results_frame(run.results), samples=200).set_index("system")
-    assert (summary["n"] == len(tasks)).all()
-    assert (summary["accuracy"] == 0).all()
+    assert (summary["n"] == 0).all()  # no pair was scored wrong for a dead pool
+    assert summary["accuracy"].isna().all()
     assert (summary["infra_failures"] == len(tasks)).all()

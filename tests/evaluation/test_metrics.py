@@ -71,30 +71,55 @@ def test_contract_columns_first_and_known_values(table):
     assert list(summary.columns[: len(CONTRACT_COLUMNS)]) == CONTRACT_COLUMNS
     assert summary["system"].tolist() == ["conductor", "solo:sim-a"]
     c = summary.set_index("system").loc["conductor"]
-    assert c["n"] == 10  # failures are never dropped
-    assert c["accuracy"] == pytest.approx(0.8)
+    # q8 (infra-failed) has no answer to judge: out of n and accuracy, counted apart;
+    # q9 (parse failure) is the Conductor's own doing: in n, wrong
+    assert c["n"] == 9
+    assert c["accuracy"] == pytest.approx(8 / 9)
     assert c["cost_usd_per_q"] == pytest.approx(0.02)
     assert c["tokens_per_q"] == pytest.approx(300)
     assert c["calls_per_q"] == pytest.approx(2)
-    assert c["latency_p50_s"] == pytest.approx(5.5)
-    assert c["latency_p95_s"] == pytest.approx(9.55)
+    assert c["latency_p50_s"] == pytest.approx(5.0)  # latencies 1..8 and 10
+    assert c["latency_p95_s"] == pytest.approx(9.2)
     assert c["infra_failures"] == 1
+    assert c["failed_calls"] == 1  # the failed call of the excluded row still counts
     assert c["parse_failures"] == 1
     assert c["steps_per_workflow"] == pytest.approx(2)
-    assert c["pattern_chain"] == pytest.approx(6 / 9)
-    assert c["pattern_independent"] == pytest.approx(3 / 9)
+    assert c["pattern_chain"] == pytest.approx(6 / 8)
+    assert c["pattern_independent"] == pytest.approx(2 / 8)
     assert c["usage_sim-a"] == pytest.approx(0.5)
     assert c["simulated_call_share"] == pytest.approx(0.5)
     assert c["policy"] == "scripted v1"
     assert bool(c["simulated_pool"])
     assert math.isnan(c["p_value_vs_conductor"])
-    # CI bounds: inside [0, 1], around the estimate, width of a 10-question interval
-    assert 0.4 <= c["ci_low"] <= 0.7 < 0.8 < 0.9 <= c["ci_high"] <= 1.0
+    # CI bounds: inside [0, 1], around the estimate, width of a 9-question interval
+    assert 0.5 <= c["ci_low"] <= 0.8 < 8 / 9 < 0.95 <= c["ci_high"] <= 1.0
     s = summary.set_index("system").loc["solo:sim-a"]
+    assert s["n"] == 10 and s["infra_failures"] == 0
     assert s["accuracy"] == pytest.approx(0.3)
-    # discordant pairs: conductor-only right on q3..q7 (5), solo-only right on none
+    # paired on the 9 questions the conductor has an answer for: conductor-only right on
+    # q3..q7 (5), solo-only right on none
     assert s["p_value_vs_conductor"] == pytest.approx(2 * (1 / 2**5))
-    assert s["accuracy_delta_vs_conductor"] == pytest.approx(-0.5)
+    assert s["accuracy_delta_vs_conductor"] == pytest.approx(3 / 9 - 8 / 9)
+
+
+def test_an_infra_failed_row_is_left_out_even_when_its_answer_was_right(table):
+    """A right answer reached despite a failed call is not counted either: with the call
+    it might have been another answer, and the rule must not depend on luck."""
+    flipped = table.copy()
+    flipped.loc[
+        (flipped["system"] == "conductor") & (flipped["question_id"] == "q8"), "correct"
+    ] = True
+    before = summarise(table, samples=200).set_index("system").loc["conductor"]
+    after = summarise(flipped, samples=200).set_index("system").loc["conductor"]
+    assert after["accuracy"] == before["accuracy"] and after["n"] == before["n"] == 9
+
+
+def test_a_system_whose_every_row_failed_has_no_accuracy(table):
+    dead = table.copy()
+    dead.loc[dead["system"] == "solo:sim-a", "infra_failure"] = True
+    s = summarise(dead, samples=200).set_index("system").loc["solo:sim-a"]
+    assert s["n"] == 0 and s["infra_failures"] == 10
+    assert math.isnan(s["accuracy"]) and math.isnan(s["cost_usd_per_q"])
 
 
 def test_bootstrap_is_seeded_and_sensible():
@@ -123,12 +148,18 @@ def test_mcnemar_exact_on_known_tables():
 def test_per_domain_summary_and_metrics_and_front(table):
     by_domain = summarise_by_domain(table, samples=500)
     assert set(by_domain["domain"]) == {"math", "logic"}
-    assert by_domain.groupby("system")["n"].sum().to_dict() == {"conductor": 10, "solo:sim-a": 10}
+    # the infra-failed q8 is left out per domain as overall
+    assert by_domain.groupby("system")["n"].sum().to_dict() == {"conductor": 9, "solo:sim-a": 10}
+    assert by_domain.groupby("system")["infra_failures"].sum().to_dict() == {
+        "conductor": 1,
+        "solo:sim-a": 0,
+    }
     summary = summarise(table, samples=500)
     metrics = mlflow_metrics(summary)
-    assert metrics["conductor.accuracy"] == {"value": pytest.approx(0.8), "step": 0}
+    assert metrics["conductor.accuracy"] == {"value": pytest.approx(8 / 9), "step": 0}
     assert "solo:sim-a.p_value_vs_conductor" in metrics
-    assert metrics["conductor.n"]["value"] == 10
+    assert metrics["conductor.n"]["value"] == 9
+    assert metrics["conductor.infra_failures"]["value"] == 1
     plus = summary.assign(system=["conductor+recursion", "solo:sim-a"])
     assert "conductor_recursion.accuracy" in mlflow_metrics(plus)
     # cheaper-and-worse and dearer-and-better are both on the front; the oracle never is

@@ -9,6 +9,8 @@
       validation_per_domain: 4    # questions per domain the router is fitted on
       store: data/07_model_output/evaluation/results.jsonl
       concurrency: 8              # questions in flight for systems without a Conductor
+      infra_retries: 3            # a worker call that failed for an infrastructure reason is
+      retry_delay_s: 0.5          # asked again this often (delay doubling); see runner.py
       systems: [conductor, conductor+recursion, champion, warm-start, base-policy, solo, moa,
                 random-workflow, best-of-n, router, oracle]
       policy_server: none         # vllm: launch serving.vllm with every adapter evaluated
@@ -119,6 +121,8 @@ class EvaluationConfig:
     validation_per_domain: int | None = 4
     store: str = "data/07_model_output/evaluation/results.jsonl"
     concurrency: int = 8
+    infra_retries: int = 3
+    retry_delay_s: float = 0.5
     systems: tuple[str, ...] = SYSTEM_KINDS
     conductor: ConductorSettings = field(default_factory=ConductorSettings)
     base_policy: dict[str, Any] = field(default_factory=dict)
@@ -142,6 +146,8 @@ class EvaluationConfig:
         "validation_per_domain",
         "store",
         "concurrency",
+        "infra_retries",
+        "retry_delay_s",
         "systems",
         "conductor",
         "base_policy",
@@ -232,6 +238,15 @@ class EvaluationConfig:
                 f"evaluation.policy_server: must be one of {list(POLICY_SERVERS)}, "
                 f"got {policy_server!r}"
             )
+        retry_delay_s = params.get("retry_delay_s", 0.5)
+        if (
+            isinstance(retry_delay_s, bool)
+            or not isinstance(retry_delay_s, int | float)
+            or not 0 <= retry_delay_s <= 60
+        ):
+            raise ValueError(
+                f"evaluation.retry_delay_s: must be a number of seconds in [0, 60], got {retry_delay_s!r}"
+            )
         store = params.get("store", cls.store)
         if not isinstance(store, str) or not store:
             raise ValueError("evaluation.store: must be a file path")
@@ -248,6 +263,8 @@ class EvaluationConfig:
             ),
             store=store,
             concurrency=_int(params.get("concurrency", 8), "concurrency", minimum=1),
+            infra_retries=_int(params.get("infra_retries", 3), "infra_retries"),
+            retry_delay_s=float(retry_delay_s),
             systems=tuple(dict.fromkeys(systems)),
             conductor=ConductorSettings(
                 adapter=adapter,

@@ -2,10 +2,12 @@
 calls, latency, failures, workflow statistics, and paired significance against the Conductor.
 
 Input is the per-question table (one row per system and question, the columns of
-:meth:`QuestionResult.to_row`). Failures are never dropped: a question with an
-infrastructure failure or a Conductor parse failure stays in ``n`` and counts as wrong
-unless its answer was still right; the ``infra_failures`` and ``parse_failures`` columns
-count those questions.
+:meth:`QuestionResult.to_row`). A question marked ``infra_failure`` (a worker call that
+failed after every retry, or an error of the system itself) has no answer to judge: it is
+left out of ``n``, accuracy and the per-question means, and counted in ``infra_failures``
+(its failed calls still count in ``failed_calls``); the next resume runs it again. A
+Conductor parse failure is the Conductor's own doing: it stays in ``n`` and counts as
+wrong (``parse_failures`` counts those questions).
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ def _system_row(
     scope: str,
     worker_names: Sequence[str],
 ) -> dict[str, Any]:
+    failed = rows["infra_failure"].astype(bool)
+    every, rows = rows, rows[~failed]
     correct = rows["correct"].astype(bool).to_numpy()
     low, high = bootstrap_ci(
         correct, samples=samples, confidence=confidence, seed=_seed(seed, system, scope)
@@ -155,10 +159,10 @@ def _system_row(
         "tokens_per_q": float(rows["tokens"].mean()) if len(rows) else math.nan,
         "calls_per_q": float(rows["calls"].mean()) if len(rows) else math.nan,
         "latency_p50_s": float(latency.quantile(0.5)) if len(rows) else math.nan,
-        "infra_failures": int(rows["infra_failure"].astype(bool).sum()),
+        "infra_failures": int(failed.sum()),
         "latency_p95_s": float(latency.quantile(0.95)) if len(rows) else math.nan,
         "parse_failures": int(rows["parse_failure"].astype(bool).sum()),
-        "failed_calls": int(rows["failed_calls"].sum()),
+        "failed_calls": int(every["failed_calls"].sum()),
         "failed_samples": int(rows["failed_samples"].sum()),
         "conductor_tokens_per_q": float(rows["conductor_tokens"].mean()) if len(rows) else math.nan,
     }
@@ -194,10 +198,10 @@ def _system_row(
         counts = Counter(used)
         for name in worker_names:
             row[f"usage_{name}"] = counts.get(name, 0) / len(used) if used else math.nan
-    policies = [p for p in rows.get("policy", pd.Series(dtype=object)).dropna().unique()]
+    policies = [p for p in every.get("policy", pd.Series(dtype=object)).dropna().unique()]
     if policies:
         row["policy"] = "; ".join(map(str, policies))
-    notes = [n for n in rows.get("note", pd.Series(dtype=object)).dropna().unique()]
+    notes = [n for n in every.get("note", pd.Series(dtype=object)).dropna().unique()]
     if system.startswith("best-of-n:") and notes:
         row["note"] = str(notes[0])
     return row
@@ -262,7 +266,9 @@ def _summary(
 ) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=CONTRACT_COLUMNS)
-    reference = frame[frame["system"] == REFERENCE][["question_id", "correct"]]
+    reference = frame[(frame["system"] == REFERENCE) & ~frame["infra_failure"].astype(bool)][
+        ["question_id", "correct"]
+    ]
     names = _worker_names(frame)
     rows = [
         _system_row(

@@ -30,11 +30,11 @@ class QuestionResult:
 
     ``cost_usd`` and ``tokens`` are the *workers'* (cost at list price, also for replies
     served from the response cache); ``conductor_tokens`` are the Conductor's own.
-    ``failed_calls`` counts worker calls that ended in an infrastructure failure, and
-    ``infra_failure`` marks a question touched by one (or by an error of the system
-    itself, in ``error``): such a question stays in the table and counts as answered
-    wrong unless its answer was still right. ``parse_failure``: the Conductor produced no
-    parseable workflow in its allowed attempts.
+    ``failed_calls`` counts worker calls that ended in an infrastructure failure after
+    every retry, and ``infra_failure`` marks a question touched by one (or by an error of
+    the system itself, in ``error``): such a question stays in the table but has no
+    answer to judge; the metrics leave it out of accuracy and a resume runs it again.
+    ``parse_failure``: the Conductor produced no parseable workflow in its allowed attempts.
     """
 
     system: str

@@ -13,6 +13,17 @@ Order of work (each pair is skipped when the store already holds it):
 
 A tqdm bar counts pairs; each finished pair is appended to the store before the next
 starts counting, so a killed run loses only the pairs in flight.
+
+**Infrastructure failures change no answer.** Below the evaluation, the litellm Router
+already retries a failed attempt (``num_retries`` per worker: timeouts, rate limits,
+server errors). A call that still comes back as a failure (those, or an empty or malformed
+reply) is asked again ``infra_retries`` times here, with the same sample index, so a
+recovered call answers what it would have answered first time. A pair with a call that
+failed after every retry, or whose system raised, is *infra-failed* as a whole, whatever
+its answer: it is stored with ``infra_failure`` set, left out of accuracy (counted in
+``infra_failures`` instead) and run again by the next resume. For a Conductor this means
+the whole question, workflow included (the steps that answered come back from the response
+cache), as training masks such a rollout instead of scoring it.
 """
 
 from __future__ import annotations
@@ -42,6 +53,8 @@ from conductor_pipeline.evaluation.systems import (
     fingerprint,
 )
 from conductor_pipeline.tasks import Task
+from conductor_pipeline.workers.pool import READ_ONLY_MISS
+from conductor_pipeline.workers.types import WorkerReply
 from conductor_pipeline.workflow import OrchestrationConfig
 
 logger = logging.getLogger(__name__)
@@ -110,10 +123,53 @@ class _Progress:
             self.bar.close()
 
 
+class RetryingCaller:
+    """A worker caller that asks again, up to ``retries`` times, while a call fails for an
+    infrastructure reason; waits ``delay_s`` (doubling) between tries. A cache miss of a
+    ``read_only`` cache is not retried (nothing would change). ``retried`` counts the
+    repeated calls, ``recovered`` the calls that succeeded on a retry and ``exhausted``
+    those still failing after the last."""
+
+    def __init__(self, caller: Any, retries: int, delay_s: float = 0.0):
+        self.caller, self.retries, self.delay_s = caller, retries, delay_s
+        self.retried = self.recovered = self.exhausted = 0
+
+    async def __call__(
+        self, worker: Any, messages: list[dict[str, str]], sample_index: int = 0, **overrides: Any
+    ) -> WorkerReply:
+        reply = await self.caller(worker, messages, sample_index, **overrides)
+        attempts = reply.attempts
+        tries = 0
+        while not reply.ok and reply.error != READ_ONLY_MISS and tries < self.retries:
+            if self.delay_s > 0:
+                await asyncio.sleep(self.delay_s * 2**tries)
+            tries += 1
+            self.retried += 1
+            reply = await self.caller(worker, messages, sample_index, **overrides)
+            attempts += reply.attempts
+        if tries and reply.ok:
+            self.recovered += 1
+        elif not reply.ok:
+            self.exhausted += 1
+        reply.attempts = attempts
+        return reply
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {"retried": self.retried, "recovered": self.recovered, "exhausted": self.exhausted}
+
+
+def _scored(rows: Iterable[QuestionResult]) -> list[QuestionResult]:
+    """The rows that count: infra-failed ones are neither right nor wrong."""
+    return [r for r in rows if not r.infra_failure]
+
+
 class _Runner:
     def __init__(self, store: ResultStore, progress: _Progress):
         self.store, self.progress = store, progress
         self.fresh = 0
+        self.rerun_infra_failed = 0  # stored infra-failed pairs run again
+        self.infra_failed = 0  # pairs run now that ended infra-failed
 
     async def run_pairs(
         self, system: System, tasks: Sequence[Task], split: str, limit: asyncio.Semaphore
@@ -123,12 +179,15 @@ class _Runner:
             if done is not None and done.question_hash == QuestionResult.hash_task(
                 task.question, task.answer
             ):
-                self.progress.tick(system.name)
-                return done
+                if not done.infra_failure:
+                    self.progress.tick(system.name)
+                    return done
+                self.rerun_infra_failed += 1  # not an answer: run it again
             async with limit:
                 result = await system.run(task, split)
             self.store.add(result)
             self.fresh += 1
+            self.infra_failed += int(result.infra_failure)
             self.progress.tick(system.name)
             return result
 
@@ -189,6 +248,8 @@ async def evaluate(
     ``info`` dict (what was sized how).
     """
     store = store if store is not None else ResultStore(None)
+    retrying = RetryingCaller(pool.caller, config.infra_retries, config.retry_delay_s)
+    pool = replace(pool, caller=retrying)
     orchestration = orchestration or OrchestrationConfig()
     if config.conductor.max_parse_attempts is not None:
         orchestration = _with(orchestration, max_parse_attempts=config.conductor.max_parse_attempts)
@@ -364,6 +425,9 @@ async def evaluate(
         results["oracle"] = derive_oracle([results[s.name] for s in solos], pool_id)
     info["pairs_run"] = runner.fresh
     info["pairs_reused"] = total - runner.fresh
+    info["worker_call_retries"] = retrying.stats
+    info["infra_failed_pairs"] = runner.infra_failed
+    info["infra_failed_pairs_rerun"] = runner.rerun_infra_failed
     info["store_size_before"] = already
     info["conductor_batches"] = [size for w in wrapped.values() for size in w.policy.batches]
     info["shared_samples"] = sum(w.hits for w in wrapped.values())
@@ -397,15 +461,18 @@ def _best_of_n(
         worker = max(
             range(len(pool.names)),
             key=lambda i: (
-                _mean(r.correct for r in validation_results.get(f"solo:{pool.names[i]}", [])) or 0.0
+                _mean(
+                    r.correct for r in _scored(validation_results.get(f"solo:{pool.names[i]}", []))
+                )
+                or 0.0
             ),
         )
     name = pool.names[worker]
     if settings.n != "auto":
         n, note = int(settings.n), f"n={settings.n} (configured)"
     else:
-        conductor_cost = _mean(r.cost_usd for r in reference)
-        solo_cost = _mean(r.cost_usd for r in results.get(f"solo:{name}", []))
+        conductor_cost = _mean(r.cost_usd for r in _scored(reference))
+        solo_cost = _mean(r.cost_usd for r in _scored(results.get(f"solo:{name}", [])))
         if conductor_cost and solo_cost:
             ratio = conductor_cost / solo_cost
             n = min(max(round(ratio), 1), settings.max_n)
@@ -431,7 +498,8 @@ def derive_router(
     def rank(rows: list[QuestionResult]) -> tuple[float, float]:
         return (_mean(r.correct for r in rows) or 0.0, -(_mean(r.cost_usd for r in rows) or 0.0))
 
-    overall = {w: validation_results.get(f"solo:{w}", []) for w in candidates}
+    # an infra-failed validation answer says nothing about the worker
+    overall = {w: _scored(validation_results.get(f"solo:{w}", [])) for w in candidates}
     default = max(candidates, key=lambda w: rank(overall[w]))
     choice: dict[str, str] = {}
     for domain in sorted({t.domain for t in test_tasks}):
@@ -457,7 +525,8 @@ def derive_oracle(
     solo_results: Sequence[list[QuestionResult]], pool_id: str
 ) -> list[QuestionResult]:
     """Per question: right if any solo worker was right; charged like the cheapest right
-    worker (the cheapest worker when none was right)."""
+    worker (the cheapest worker when none was right). Infra-failed when any solo row of the
+    question is: the missing answer could have changed the cost charged, or the verdict."""
     by_question: dict[str, list[QuestionResult]] = defaultdict(list)
     order: list[str] = []
     for rows in solo_results:
@@ -478,6 +547,7 @@ def derive_oracle(
             system="oracle",
             variant=variant,
             correct=bool(right),
+            infra_failure=any(r.infra_failure for r in rows),
             note=f"charged as {chosen.system}",
         )
         row.detail = {"right": [r.system for r in right], "charged_as": chosen.system}

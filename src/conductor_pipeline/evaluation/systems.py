@@ -196,7 +196,8 @@ class System:
 
     async def run(self, task: Task, split: str) -> QuestionResult:
         """``answer``, with an unexpected error recorded as an infrastructure failure of
-        this question (kept, and counted wrong) instead of stopping the evaluation."""
+        this question (kept, left out of accuracy, run again on resume) instead of stopping
+        the evaluation."""
         start = time.perf_counter()
         try:
             return await self.answer(task, split)

@@ -372,9 +372,12 @@ def served_conductors(
 
 
 def pool_fingerprint(worker_pool_config: dict[str, Any], root: Path) -> str:
-    """What the answers of a pool depend on: its configuration (not the cache or the usage
-    log) and, for the sandbox, the content of the worker profiles."""
-    relevant = {k: v for k, v in worker_pool_config.items() if k not in ("cache", "usage_log")}
+    """What the answers of a pool depend on: its configuration (not the cache, the usage
+    log or injected faults, which retries and the infra-failure rule keep out of every
+    stored answer) and, for the sandbox, the content of the worker profiles."""
+    relevant = {
+        k: v for k, v in worker_pool_config.items() if k not in ("cache", "usage_log", "faults")
+    }
     sandbox = dict(relevant.get("sandbox") or {})
     profiles = sandbox.pop("profiles", None)
     sandbox.pop("tasks", None)
@@ -495,6 +498,14 @@ def run_evaluation(
                 pool_id=pool_fingerprint(worker_pool_config, root),
             )
         )
+        faults = getattr(pool, "faults", None)
+        if faults is not None:
+            run.info["injected_faults"] = {
+                "level": "pool" if hasattr(pool, "injector") else "provider",
+                "rates": {kind.value: rate for kind, rate in faults.rates.items()},
+                "seed": faults.seed,
+                **faults.stats,
+            }
     info = {**run.info, "conductor_variant": conductor.variant, "store": str(store_path)}
     if warm_start is not None:
         info["warm_start_variant"] = warm_start.variant
@@ -504,9 +515,12 @@ def run_evaluation(
         info["policy_server_models"] = served_names
     info["conductor_is_base_policy"] = base is not None and conductor.variant == base.variant
     logger.info(
-        "evaluation: %d pairs run, %d reused from the store",
+        "evaluation: %d pairs run, %d reused from the store; worker calls retried: %s; "
+        "%d pairs infra-failed (left out of accuracy, run again on resume)",
         info["pairs_run"],
         info["pairs_reused"],
+        info["worker_call_retries"],
+        info["infra_failed_pairs"],
     )
     return results_frame(run.results), info
 
