@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from conductor_pipeline.evaluation.config import EvaluationConfig
 from conductor_pipeline.pipelines.data_prep.nodes import validate_params
 from conductor_pipeline.project import load_project_config
+from conductor_pipeline.serving.settings import serving_settings
 from conductor_pipeline.training.configs import FULL_FINETUNE_LR, TrainingConfig
 from conductor_pipeline.workers import load_worker_specs
 from conductor_pipeline.workflow.config import orchestration_config
@@ -52,29 +54,91 @@ def test_gpu_profile_trains_lora_at_a_lora_rate():
         assert training.grpo.learning_rate >= 10 * FULL_FINETUNE_LR
 
 
-SNAPSHOT = REPO / "tests" / "fixtures" / "config" / "resolved_profiles.json"
-GROUPS = ("parameters", "workers", "catalog")
+# conf/gpu's parameters as resolved before it was soft-merged over conf/base (when it still
+# repeated every leaf it shared with base); a deliberate change of a gpu value updates it.
+GPU_BEFORE = REPO / "tests" / "fixtures" / "config" / "gpu_parameters_before_soft_merge.json"
 
 
-def _resolve(env: str, tmp_path: Path) -> dict:
-    """The config groups of ``env`` as ``kedro run --env`` and the CLI resolve them, read from
-    a copy of the shipped profiles (a developer's conf/local stays out of the comparison)."""
-    from kedro.config import OmegaConfigLoader
-
-    from conductor_pipeline.settings import CONFIG_LOADER_ARGS
-
+def _copy_conf(tmp_path: Path, local: dict[str, str] | None = None) -> Path:
+    """A copy of the shipped profiles with ``local`` as conf/local (file name -> YAML): a
+    developer's own conf/local stays out of the comparison."""
     conf = tmp_path / "conf"
-    if not conf.exists():
-        for shipped in ("base", "gpu"):
-            shutil.copytree(REPO / "conf" / shipped, conf / shipped)
-        (conf / "local").mkdir()
-    loader = OmegaConfigLoader(conf_source=str(conf), env=env, **CONFIG_LOADER_ARGS)
-    return {group: loader[group] for group in GROUPS}
+    for shipped in ("base", "gpu"):
+        shutil.copytree(REPO / "conf" / shipped, conf / shipped)
+    (conf / "local").mkdir()
+    for name, text in (local or {}).items():
+        (conf / "local" / name).write_text(text)
+    return conf
 
 
-@pytest.mark.parametrize("env", ["base", "local", "gpu"])
-def test_profiles_resolve_as_recorded(env, tmp_path):
-    """The shipped profiles resolve to the recorded snapshot (regenerate it only for an
-    intended change of a profile's values)."""
-    expected = json.loads(SNAPSHOT.read_text())[env]
-    assert _resolve(env, tmp_path) == expected
+def _loader(conf: Path, env: str):
+    """The loader ``kedro run --env`` and the CLI (project.load_project_config) both build."""
+    from conductor_pipeline.settings import CONFIG_LOADER_ARGS, CONFIG_LOADER_CLASS
+
+    return CONFIG_LOADER_CLASS(conf_source=str(conf), env=env, **CONFIG_LOADER_ARGS)
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
+    """conf/gpu now holds only what differs from conf/base: every value it resolved to before
+    still resolves the same, and the leaves it now takes from base change no parsed config."""
+    before = json.loads(GPU_BEFORE.read_text())
+    after = load_project_config("gpu", root=_copy_conf(tmp_path).parent).parameters
+    recorded = _leaves(before)
+    assert {path: value for path, value in _leaves(after).items() if path in recorded} == recorded
+    assert after["data_prep"] == before["data_prep"]  # sources and quotas replaced, not merged
+    assert orchestration_config(after["conductor"]) == orchestration_config(before["conductor"])
+    # model_dir and torch_threads are read by a local policy only; gpu's is an endpoint
+    local_only = {"model_dir", "torch_threads"}
+    assert after["conductor"]["policy"]["kind"] == "endpoint"
+    assert {k: v for k, v in after["conductor"]["policy"].items() if k not in local_only} == before[
+        "conductor"
+    ]["policy"]
+    assert TrainingConfig.from_params(after["training"]) == TrainingConfig.from_params(
+        before["training"]
+    )
+    assert EvaluationConfig.from_params(after["evaluation"]) == EvaluationConfig.from_params(
+        before["evaluation"]
+    )
+    assert serving_settings(after["serving"]) == serving_settings(before["serving"])
+    assert after["promotion"] == before["promotion"]
+
+
+def test_catalog_and_workers_are_not_merged(tmp_path):
+    """Only parameters are soft-merged: gpu's worker pool replaces the sandbox's whole, and
+    the catalog (no gpu files) is base's."""
+    conf = _copy_conf(tmp_path)
+    base, gpu = _loader(conf, "base"), _loader(conf, "gpu")
+    assert gpu["catalog"] == base["catalog"]
+    pool = gpu["workers"]["worker_pool"]
+    assert pool["kind"] == "configured" and "sandbox" not in pool
+
+
+def test_an_environment_overrides_single_leaves(tmp_path):
+    """conf/local (the default run env) sets one leaf and keeps base's siblings; a source list
+    it sets replaces base's instead of adding to it."""
+    conf = _copy_conf(
+        tmp_path,
+        {
+            "parameters_training.yml": "training: {grpo: {max_steps: 3}}\n",
+            "parameters_data_prep.yml": "data_prep: {sources: {humaneval: {}}}\n",
+        },
+    )
+    base, local = _loader(conf, "base")["parameters"], _loader(conf, "local")["parameters"]
+    assert local["training"]["grpo"]["max_steps"] == 3
+    assert {k: v for k, v in local["training"]["grpo"].items() if k != "max_steps"} == {
+        k: v for k, v in base["training"]["grpo"].items() if k != "max_steps"
+    }
+    assert local["training"]["lora"] == base["training"]["lora"]
+    assert local["data_prep"]["sources"] == {"humaneval": {}}
+    assert local["data_prep"]["domain_quota"] == base["data_prep"]["domain_quota"]

@@ -26,14 +26,14 @@ class ProjectConfig:
 
 
 def load_project_config(env: str | None = None, root: Path | None = None) -> ProjectConfig:
-    from kedro.config import MissingConfigException, OmegaConfigLoader
+    from kedro.config import MissingConfigException
 
-    from conductor_pipeline.settings import CONFIG_LOADER_ARGS
+    from conductor_pipeline.settings import CONFIG_LOADER_ARGS, CONFIG_LOADER_CLASS
 
     root = root or project_root()
     args = dict(CONFIG_LOADER_ARGS)
     env = env or args["default_run_env"]
-    loader = OmegaConfigLoader(conf_source=str(root / "conf"), env=env, **args)
+    loader = CONFIG_LOADER_CLASS(conf_source=str(root / "conf"), env=env, **args)
     try:
         credentials = dict(loader["credentials"])
     except MissingConfigException:

@@ -36,7 +36,10 @@ def quiet_known_noise() -> None:
 
 quiet_known_noise()
 
+from typing import Any  # noqa: E402
+
 from kedro.config import OmegaConfigLoader  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from conductor_pipeline.distributed import is_main_process  # noqa: E402
 from conductor_pipeline.hooks import MlflowRunHooks, ProjectHooks  # noqa: E402
@@ -57,10 +60,44 @@ HOOKS = (ProjectHooks(), MlflowRunHooks(), RunSummaryHooks(), SetupErrorHooks())
 if not is_main_process():
     DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow",)
 
-CONFIG_LOADER_CLASS = OmegaConfigLoader
+# Parameter mappings keyed by dataset or domain names: under a soft merge an environment's
+# sources would be added to the sandbox's (conf/gpu would load the reasoning-gym tasks too).
+REPLACED_PARAMETERS: tuple[tuple[str, ...], ...] = (
+    ("data_prep", "sources"),
+    ("data_prep", "domain_quota"),
+)
+
+
+class ProfileConfigLoader(OmegaConfigLoader):
+    """Kedro's loader with the parameters of an environment soft-merged over conf/base
+    (``merge_strategy`` below): conf/gpu holds only the leaves that differ. At the paths of
+    ``REPLACED_PARAMETERS`` an environment that sets the mapping replaces it whole."""
+
+    def _merge_configs(
+        self, config: dict[str, Any], env_config: dict[str, Any], key: str, env_path: str
+    ) -> Any:
+        merged = super()._merge_configs(config, env_config, key, env_path)
+        if key != "parameters":
+            return merged
+        if isinstance(env_config, DictConfig):
+            env_config = OmegaConf.to_container(env_config)
+        for path in REPLACED_PARAMETERS:
+            value: Any = env_config
+            for part in path:
+                value = value.get(part) if isinstance(value, dict) else None
+            if value is not None:
+                parent = merged
+                for part in path[:-1]:
+                    parent = parent[part]
+                parent[path[-1]] = value
+        return merged
+
+
+CONFIG_LOADER_CLASS = ProfileConfigLoader
 CONFIG_LOADER_ARGS = {
     "base_env": "base",
     "default_run_env": "local",
+    "merge_strategy": {"parameters": "soft"},
     "custom_resolvers": {"project_root": _project_root_resolver},
     "config_patterns": {
         "mlflow": ["mlflow*", "mlflow*/**"],
