@@ -1,8 +1,9 @@
 """Training the Conductor: reward = execute the workflow and verify; SFT warm start; GRPO.
 
 Light imports only here (no torch/TRL): the reward and the configuration are usable from a
-notebook without loading a model. The trainer lives in ``training.grpo``
-(``train_conductor``) and the warm start in ``training.sft``; import them explicitly.
+notebook without loading a model. The training run lives in ``training.grpo``
+(``train_conductor``; its parts in the modules it names) and the warm start in
+``training.sft``; import them explicitly.
 """
 
 from conductor_pipeline.training.configs import (

@@ -25,11 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.tasks import Task
-from conductor_pipeline.training.configs import SFTSettings, TrainingConfig
+from conductor_pipeline.training.artifacts import adapter_ready
+from conductor_pipeline.training.configs import SFTSettings, TrainingConfig, lora_config
+from conductor_pipeline.training.models import load_base, num_layers
 from conductor_pipeline.training.planner import ReferencePlanner
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
 
-__all__ = ["SFTResult", "build_sft_examples", "completion_loss", "run_sft", "sft_loss_recorder"]
+__all__ = [
+    "SFTResult",
+    "WarmStart",
+    "build_sft_examples",
+    "completion_loss",
+    "run_sft",
+    "sft_loss_recorder",
+    "sft_warm_start",
+]
 
 log = logging.getLogger(__name__)
 
@@ -241,3 +251,59 @@ def run_sft(
         n_examples=len(rows),
         history=history,
     )
+
+
+@dataclass
+class WarmStart:
+    """The SFT stage as the GRPO run sees it: the adapter GRPO starts from, the record kept
+    in the run's adapter info, and the per-step loss records."""
+
+    adapter_dir: Path
+    info: dict[str, Any]
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def sft_warm_start(
+    tasks: Sequence[Task],
+    worker_names: Sequence[str],
+    worker_descriptions: Sequence[str],
+    prompt_config: PromptConfig,
+    config: TrainingConfig,
+    sft_dir: Path,
+    *,
+    log_metrics: Callable[[Mapping[str, float], int], None] | None = None,
+) -> WarmStart:
+    """The warm-start stage of a run: fine-tune a fresh LoRA on reference workflows for
+    ``tasks`` into ``sft_dir/adapter``, or with ``config.resume`` reuse the one a previous
+    run of the same fingerprint finished there."""
+    if not config.lora.enabled:
+        raise ValueError(
+            "training.sft.enabled needs training.lora.enabled (the warm start is a LoRA)"
+        )
+    adapter = sft_dir / "adapter"
+    if config.resume and adapter_ready(adapter):
+        log.info("SFT warm start: reusing %s", adapter)
+        return WarmStart(adapter, {"adapter_dir": str(adapter), "reused": True})
+    examples = build_sft_examples(
+        tasks, worker_names, worker_descriptions, prompt_config, config.sft, seed=config.seed
+    )
+    model, tokenizer = load_base(config)
+    result = run_sft(
+        model,
+        tokenizer,
+        examples,
+        config,
+        sft_dir,
+        peft_config=lora_config(config, num_layers(model)),
+        log_metrics=log_metrics,  # sft/loss per step
+    )
+    if log_metrics is not None and result.final_loss is not None:
+        log_metrics({"sft/final_loss": result.final_loss}, 0)
+    info = {
+        "adapter_dir": str(result.adapter_dir),
+        "steps": result.steps,
+        "final_loss": result.final_loss,
+        "n_examples": result.n_examples,
+        "reused": False,
+    }
+    return WarmStart(adapter, info, result.history)
