@@ -2,11 +2,11 @@
 source for data_prep.
 
 The lock makes a scheduled run safe to start while another is still going: the first node
-claims ``retraining.lock.path`` (created exclusively), the last one releases it. A claim
-left behind by a run that died is taken over when its process is gone (same host) or when
-it is older than ``stale_after_s``. Everything between is idempotent: data_prep is seeded,
-training resumes from its run folder, evaluation reuses stored results, and promotion
-records ``unchanged`` when the new version comes from the same training run as the champion.
+claims ``retraining.lock.path``, the last one releases it (conductor_pipeline/run_lock.py,
+which also says when a claim left by a dead run is taken over). Everything between is
+idempotent: data_prep is seeded, training resumes from its run folder, evaluation reuses
+stored results, and promotion records ``unchanged`` when the new version comes from the same
+training run as the champion.
 """
 
 from __future__ import annotations
@@ -15,16 +15,14 @@ import glob
 import hashlib
 import json
 import logging
-import os
-import socket
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from conductor_pipeline.paths import project_root
+from conductor_pipeline.run_lock import LockHeld, claim_lock, release_claim
 from conductor_pipeline.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -32,7 +30,7 @@ logger = logging.getLogger(__name__)
 _KNOWN_KEYS = {"start_from", "lock", "logged_questions"}
 
 
-class RetrainingLocked(RuntimeError):
+class RetrainingLocked(LockHeld):
     """Another retraining run holds the lock."""
 
 
@@ -51,72 +49,16 @@ def _lock_path(params: dict[str, Any]) -> Path:
     return path if path.is_absolute() else project_root() / path
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _stale(claim: dict[str, Any] | None, stale_after_s: float) -> str | None:
-    """Why an existing claim may be taken over, or ``None`` while it is live."""
-    if not claim:
-        return "the lock file is unreadable"
-    age = time.time() - float(claim.get("started_at") or 0)
-    if age > stale_after_s:
-        return f"it is {age / 3600:.1f} h old (limit {stale_after_s / 3600:.1f} h)"
-    if claim.get("host") == socket.gethostname() and not _alive(int(claim.get("pid") or 0)):
-        return f"its process {claim.get('pid')} is gone"
-    return None
-
-
-def _read_claim(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def acquire_lock(params: dict[str, Any]) -> dict[str, Any]:
     """Claim the retraining lock; raise :class:`RetrainingLocked` while another run holds it."""
     params = _settings(params)
-    path = _lock_path(params)
-    path.parent.mkdir(parents=True, exist_ok=True)
     stale_after = float((params.get("lock") or {}).get("stale_after_s") or 43200)
-    claim = {
-        "token": uuid.uuid4().hex,
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "started_at": time.time(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "path": str(path),
-    }
-    payload = json.dumps(claim).encode()
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        held = _read_claim(path)
-        why = _stale(held, stale_after)
-        if why is None:
-            raise RetrainingLocked(
-                f"another retraining run holds {path} (pid {held.get('pid')} on "
-                f"{held.get('host')}, since {held.get('started')}); this run does nothing. "
-                "Delete the file if that run is known to be dead."
-            ) from None
-        logger.warning("retraining: taking over the lock %s: %s", path, why)
-        temporary = path.with_name(f"{path.name}.{claim['token']}")
-        temporary.write_bytes(payload)
-        os.replace(temporary, path)
-        if (_read_claim(path) or {}).get("token") != claim["token"]:
-            raise RetrainingLocked(f"another run took over {path} at the same moment") from None
-    else:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-    logger.info("retraining: lock %s claimed", path)
-    return claim
+        return claim_lock(_lock_path(params), stale_after_s=stale_after, holder="retraining run")
+    except LockHeld as err:
+        raise RetrainingLocked(
+            f"{err}; this run does nothing. Delete the file if that run is known to be dead."
+        ) from None
 
 
 def release_lock(
@@ -129,14 +71,7 @@ def release_lock(
 ) -> dict[str, Any]:
     """The last node: release the lock (if still ours) and summarise the run."""
     params = _settings(params)
-    path = _lock_path(params)
-    held = _read_claim(path)
-    if held and held.get("token") == retraining_lock.get("token"):
-        path.unlink(missing_ok=True)
-        released = True
-    else:
-        logger.warning("retraining: %s is no longer ours; left as it is", path)
-        released = False
+    released = release_claim(_lock_path(params), retraining_lock.get("token"))
     finished = time.time()
     return {
         "started": retraining_lock.get("started"),
