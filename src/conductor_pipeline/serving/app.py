@@ -40,8 +40,9 @@ so. ``temperature`` and other sampling fields are ignored: the Conductor samples
 configured; ``seed`` is honoured.
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 (bad
-JSON, no messages, last message not the user's, question too long, bad budget), 401
-(missing or wrong bearer token, when a key is configured), 404 (unknown model), 413 (body
+JSON, no messages, last message not the user's, question too long, bad budget, a field of
+the wrong type or out of range, NaN/Infinity, deep nesting: ``serving.schema``), 401
+(missing or wrong bearer token, when a key is configured; the scheme is case-insensitive), 404 (unknown model), 413 (body
 too large), 429 (at ``max_concurrency``; ``Retry-After`` set; refused at once, not queued),
 502 (the Conductor wrote no parseable workflow), 503 (policy not loaded), 504
 (``request_timeout_s`` passed).
@@ -55,6 +56,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -63,9 +65,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from conductor_pipeline.serving.errors import ApiError
 from conductor_pipeline.serving.models import PUBLIC_NAME, ServedModel
+from conductor_pipeline.serving.schema import ConductorRequest, Message, parse_request, read_json
 from conductor_pipeline.serving.settings import ServingSettings
 from conductor_pipeline.workflow.executor import Budget
 from conductor_pipeline.workflow.orchestrator import (
@@ -128,60 +131,10 @@ class ConductorService:
         return f"ConductorService(policy={getattr(self.policy, 'name', self.policy)!r}, served={self.served.id!r})"
 
 
-# --- errors -------------------------------------------------------------------------------
+# --- request schema (serving.schema) ------------------------------------------------------
 
-
-class ApiError(Exception):
-    """An error answered in OpenAI's shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-        self.code, self.param, self.headers, self.extra = code, param, headers, extra
-
-    def body(self) -> dict[str, Any]:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        return {"error": error, **(self.extra or {})}
-
-
-# --- request schema -----------------------------------------------------------------------
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[Any] | None = None
-
-
-class _ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1)
-    messages: list[_Message] = Field(min_length=1)
-    stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
-    n: int | None = 1
-    seed: int | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    max_cost_usd: float | None = None
-    max_steps: int | None = None
-    max_rounds: int | None = None
-
-
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"invalid request body: {where or 'body'}: {first.get('msg')}", where or None
+_Message = Message  # the names this module exported before the schema moved
+_ChatRequest = ConductorRequest
 
 
 def _text(message: _Message, index: int) -> str:
@@ -563,8 +516,32 @@ class _RequestLog:
             write(status, "client_disconnected" if status else "no_response")
 
 
+def finite_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by null: JSON has no such numbers,
+    and one in a record (a cost nobody could compute) must not break a response or stream."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(finite_json(data), default=str, allow_nan=False)
+
+
+class SafeJSONResponse(JSONResponse):
+    """Starlette's JSON response with non-finite numbers written as null (its own encoder
+    raises on them, which would turn a finished answer into a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return super().render(finite_json(content))
+
+
 def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, default=str)}\n\n"
+    return f"data: {data if isinstance(data, str) else _dumps(data)}\n\n"
 
 
 # --- the app ------------------------------------------------------------------------------
@@ -583,7 +560,7 @@ def create_app(service: ConductorService) -> FastAPI:
     state: dict[str, Any] = {"policy": "loading", "policy_error": None, "probe": None}
     started_at = int(time.time())
     model_ids = set(served.model_ids())
-    expected_auth = f"Bearer {service.api_key}".encode() if service.api_key else None
+    expected_key = service.api_key.encode() if service.api_key else None
 
     async def load_policy() -> None:
         loader = getattr(service.policy, "load", None)
@@ -639,17 +616,17 @@ def create_app(service: ConductorService) -> FastAPI:
         details = request.scope.get("conductor.log")
         if isinstance(details, dict):
             details["error_code"] = exc.code or exc.kind
-        return JSONResponse(status_code=exc.status, content=exc.body(), headers=exc.headers)
+        return SafeJSONResponse(status_code=exc.status, content=exc.body(), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # the exception is logged by the server; the client learns only the request id
         request_id = request.scope.get("conductor.request_id", "?")
         error = ApiError(500, f"internal error (request {request_id})", kind="server_error")
-        return JSONResponse(status_code=500, content=error.body())
+        return SafeJSONResponse(status_code=500, content=error.body())
 
     def authorize(request: Request) -> None:
-        if expected_auth is None:
+        if expected_key is None:
             return
         given = request.headers.get("authorization")
         if not given:
@@ -660,7 +637,11 @@ def create_app(service: ConductorService) -> FastAPI:
                 code="missing_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if not hmac.compare_digest(given.strip().encode(), expected_auth):
+        # the scheme is case-insensitive (RFC 9110): "bearer <key>" is accepted
+        scheme, _, token = given.strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), expected_key
+        ):
             raise ApiError(
                 401,
                 "invalid API key",
@@ -668,56 +649,6 @@ def create_app(service: ConductorService) -> FastAPI:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-
-    async def read_json(request: Request) -> Any:
-        limit = settings.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        too_large = ApiError(
-            413,
-            f"request body larger than {limit} bytes (serving.max_body_bytes)",
-            code="request_too_large",
-        )
-        if declared.isdigit() and int(declared) > limit:
-            raise too_large
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ApiError(
-                400, f"request body is not valid JSON: {err}", code="invalid_json"
-            ) from err
-
-    def parse_request(raw: Any) -> _ChatRequest:
-        if not isinstance(raw, dict):
-            raise ApiError(400, "request body must be a JSON object", code="invalid_body")
-        messages = raw.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(
-                400,
-                "the request has no messages: send messages=[{'role': 'user', 'content': '<question>'}]",
-                param="messages",
-                code="missing_messages",
-            )
-        try:
-            body = _ChatRequest.model_validate(raw)
-        except ValidationError as exc:
-            message, param = _validation_message(exc)
-            raise ApiError(400, message, param=param) from exc
-        if body.model not in model_ids:
-            raise ApiError(
-                404,
-                f"the model {body.model!r} is not served here (available: {', '.join(sorted(model_ids))})",
-                param="model",
-                code="model_not_found",
-            )
-        if (body.n or 1) != 1:
-            raise ApiError(400, "the Conductor returns one choice per request; send n=1", param="n")
-        return body
 
     def check_policy() -> None:
         if state["policy"] == "loading":
@@ -807,11 +738,11 @@ def create_app(service: ConductorService) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         if state["policy"] == "ready":
-            return JSONResponse({"status": "ok", "model": served.id})
+            return SafeJSONResponse({"status": "ok", "model": served.id})
         body = {"status": state["policy"]}
         if state["policy_error"]:
             body["detail"] = state["policy_error"]
-        return JSONResponse(status_code=503, content=body)
+        return SafeJSONResponse(status_code=503, content=body)
 
     async def probe() -> dict[str, Any]:
         cached = state["probe"]
@@ -842,7 +773,7 @@ def create_app(service: ConductorService) -> FastAPI:
     async def ready() -> JSONResponse:
         endpoints = await probe()
         ok = state["policy"] == "ready" and not endpoints["unreachable"]
-        return JSONResponse(
+        return SafeJSONResponse(
             status_code=200 if ok else 503,
             content={
                 "status": "ready" if ok else "not_ready",
@@ -883,7 +814,7 @@ def create_app(service: ConductorService) -> FastAPI:
         )
         details = request.scope.setdefault("conductor.log", {})
         authorize(request)
-        body = parse_request(await read_json(request))
+        body = parse_request(await read_json(request, settings.max_body_bytes), model_ids)
         question, context_turns = compose_question(
             body.messages, settings.max_question_chars, settings.max_context_chars
         )
@@ -906,7 +837,7 @@ def create_app(service: ConductorService) -> FastAPI:
                 headers={"Retry-After": str(settings.retry_after_s)},
             )
         if body.stream:
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _GuardedStream(
                 stream(request_id, body.model, question, config, include_usage, details, checked),
                 on_close=gate.leave,
@@ -926,7 +857,7 @@ def create_app(service: ConductorService) -> FastAPI:
         record = conductor_record(result, served, request_id, config, trace_id, checked)
         if result.format_failure:
             raise format_failure(result, record)
-        return JSONResponse(
+        return SafeJSONResponse(
             {
                 "id": request_id,
                 "object": "chat.completion",

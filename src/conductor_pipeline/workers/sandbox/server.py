@@ -31,9 +31,16 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from conductor_pipeline.tasks.types import Task
+from conductor_pipeline.workers.chat_request import (
+    ChatRequest,
+    Int64,
+    RequestError,
+    load_json_body,
+    validate_request,
+)
 from conductor_pipeline.workers.sandbox.profiles import (
     RealProfile,
     SandboxProfiles,
@@ -61,22 +68,13 @@ _OFFLINE_ENV = {
 # --- request schema -----------------------------------------------------------------------
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[Any] | None = None
+class _ChatRequest(ChatRequest):
+    """The shared OpenAI chat request (``workers.chat_request``) with sampling bounds."""
 
-
-class _ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1)
-    messages: list[_Message] = Field(min_length=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    stream: bool | None = False
-    n: int | None = Field(default=1, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
+    max_tokens: Int64 | None = Field(default=None, ge=1)
+    max_completion_tokens: Int64 | None = Field(default=None, ge=1)
+    n: Int64 | None = Field(default=1, ge=1)
 
 
 def _error(
@@ -84,12 +82,6 @@ def _error(
 ) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(status_code=status, content=body)
-
-
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"invalid request body: {where or 'body'}: {first.get('msg')}", where or None
 
 
 # --- the app ------------------------------------------------------------------------------
@@ -268,9 +260,9 @@ def create_app(
         # Not part of the OpenAI API: lets a client warn that the simulated workers will
         # make up an answer to a question that is none of the prepared tasks.
         try:
-            raw = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "request body is not valid JSON", kind="invalid_request_error")
+            raw = load_json_body(await request.body())
+        except RequestError as err:
+            return _error(400, err.message, kind="invalid_request_error", code=err.code)
         text = raw.get("text") if isinstance(raw, dict) else None
         if not isinstance(text, str):
             return _error(
@@ -307,16 +299,11 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> JSONResponse:
         try:
-            raw = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "request body is not valid JSON", kind="invalid_request_error")
-        if not isinstance(raw, dict):
-            return _error(400, "request body must be a JSON object", kind="invalid_request_error")
-        try:
-            body = _ChatRequest.model_validate(raw)
-        except ValidationError as exc:
-            message, param = _validation_message(exc)
-            return _error(400, message, kind="invalid_request_error", param=param)
+            body = validate_request(load_json_body(await request.body()), _ChatRequest)
+        except RequestError as err:
+            return _error(
+                400, err.message, kind="invalid_request_error", param=err.param, code=err.code
+            )
         if body.stream:
             return _error(
                 400,
