@@ -10,6 +10,7 @@ including ones returning subclasses of plain types, still score 1.0.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -197,6 +198,31 @@ def test_peeking_at_the_tests_does_not_pass() -> None:
         + "    return consts[-1] if consts else 0\n"
     )
     _assert_wrong(peek)
+
+
+def test_shadowing_what_the_tests_call_does_not_pass() -> None:
+    # HumanEval/32 style: the tests judge the answer with a helper from the prompt (and a
+    # built-in). A candidate that redefines both so that any answer looks right is wrong.
+    prompt = (
+        "def poly(xs, x):\n    return sum(c * x**i for i, c in enumerate(xs))\n\n"
+        'def find_zero(xs):\n    """A root of the polynomial xs."""\n'
+    )
+    test = (
+        "def check(candidate):\n"
+        "    assert abs(poly([-2, 1], candidate([-2, 1]))) < 1e-6\n"
+        "    assert abs(poly([-6, 1], candidate([-6, 1]))) < 1e-6\n"
+    )
+    metadata = {"entry_point": "find_zero", "prompt": prompt, "test": test, "timeout_s": 5}
+    task = dataclasses.replace(_task(), metadata=metadata)
+    honest = "    return -xs[0] / xs[1]\n"
+    verdict = verify(task, _fenced(prompt + honest))
+    assert verdict.correct and verdict.score == 1.0, verdict
+    cheat = "    return 0.0\ndef poly(xs, x):\n    return 0\ndef abs(x):\n    return 0\n"
+    verdict = verify(task, _fenced(prompt + cheat))
+    assert not verdict.correct and verdict.score == 0.0, verdict
+    # Without the prompt as context the helper comes from the candidate; built-ins never do.
+    only_abs = "    return 0.0\ndef abs(x):\n    return 0\n"
+    assert not run_function_tests(prompt + only_abs, test, "find_zero", limits=LIMITS).all_passed
 
 
 ALWAYS_EQUAL = {

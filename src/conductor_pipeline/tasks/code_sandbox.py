@@ -56,6 +56,7 @@ from typing import Any
 
 from conductor_pipeline.tasks.sandbox_process import (
     ARGS_FILE,
+    CONTEXT_FILE,
     SOLUTION_FILE,
     TEST_FILE,
     SandboxLimits,
@@ -134,6 +135,7 @@ def run_function_tests(
     entry_point: str | None = None,
     *,
     limits: SandboxLimits | None = None,
+    context: str | None = None,
 ) -> TestReport:
     """Run a HumanEval/BigCodeBench-style test program against candidate ``code``.
 
@@ -142,7 +144,11 @@ def run_function_tests(
     the candidate's functions are called in a second process and only plain data (None,
     bool, numbers, str, bytes, and lists, tuples, dicts and sets of them) crosses between the
     two, so the candidate sees neither the tests nor the expected values, and an object
-    whose ``__eq__`` always answers True never reaches a comparison.
+    whose ``__eq__`` always answers True never reaches a comparison. ``context`` is trusted
+    source (the task's prompt) run in the test process first: the tests then use its
+    helpers and imports, and take only the entry point (and names neither it nor the
+    built-ins define) from the candidate, so redefining a helper the tests call, or a
+    built-in such as ``abs``, changes nothing.
 
     Otherwise every ``unittest.TestCase`` defined by ``test`` is run in the candidate's own
     process and the pass fraction counts individual test methods (BigCodeBench, whose tests
@@ -155,10 +161,10 @@ def run_function_tests(
     """
     limits = limits or SandboxLimits()
     mode = "check" if entry_point and _defines_check(test) else "tests"
-    args = [mode, entry_point or ""]
-    result, report = execute(
-        {SOLUTION_FILE: code, TEST_FILE: test}, args, "", limits, want_report=True
-    )
+    files = {SOLUTION_FILE: code, TEST_FILE: test}
+    if mode == "check" and context and _compiles(context):
+        files[CONTEXT_FILE] = context
+    result, report = execute(files, [mode, entry_point or ""], "", limits, want_report=True)
     if report is None:
         failure = (
             result.reason
@@ -187,6 +193,15 @@ def _defines_check(test: str) -> bool:
         isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "check"
         for node in tree.body
     )
+
+
+def _compiles(source: str) -> bool:
+    # A prompt whose stub has no body (bare starter code) is no usable context.
+    try:
+        compile(source, "context.py", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def _count(value: Any) -> int:

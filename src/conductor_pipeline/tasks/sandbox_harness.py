@@ -370,18 +370,25 @@ def _not_dumpable() -> None:
 
 def _drive_check(entry_point: str, link: _Link) -> dict[str, Any]:
     import builtins
-    import linecache
 
     # Imports from here on must not find files the candidate may write into its workdir.
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if p not in ("", ".", here, os.getcwd())]
-    with open("tests.py", encoding="utf-8") as fh:
-        source = fh.read()
-    os.unlink("tests.py")  # before the worker runs anything: it never sees the tests
-    # Tracebacks (the failure text) still quote the test's lines.
-    linecache.cache["tests.py"] = (len(source), None, source.splitlines(True), "tests.py")
-    code = compile(source, "tests.py", "exec")
-    link.send({"names": sorted(_names_used(code) | {entry_point})})
+    # Both files go before the worker runs anything: it never sees the tests.
+    code = _take_source("tests.py")
+    context = _take_source("context.py") if os.path.exists("context.py") else None
+    namespace: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
+    if context is not None:
+        # The task's own prompt (trusted): its helpers (HumanEval's poly, encode_cyclic)
+        # and imports are the ones the tests meant, not whatever the candidate redefined.
+        exec(context, namespace)
+    # From the candidate: the entry point, plus names the tests use that neither the prompt
+    # nor the built-ins provide. Never a built-in: a candidate's own ``abs`` or ``len``
+    # must not replace the one the tests compare with.
+    wanted = {
+        name for name in _names_used(code) if name not in namespace and not hasattr(builtins, name)
+    } | {entry_point}
+    link.send({"names": sorted(wanted)})
     reply = link.receive()
     if not isinstance(reply, dict):
         raise CandidateGone("the code ended its process before the tests ran")
@@ -390,16 +397,26 @@ def _drive_check(entry_point: str, link: _Link) -> dict[str, Any]:
     offered = reply.get("names")
     if not isinstance(offered, dict):
         raise CandidateGone("the candidate's process sent an unreadable reply")
-    namespace: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
-    for name, spec in offered.items():
-        value = _materialise(str(name), spec, link)
-        if value is not _MISSING:
-            namespace[str(name)] = value
-    exec(code, namespace)
-    if entry_point not in namespace:
+    if offered.get(entry_point) != ["fn"]:
         raise NameError(f"the code does not define {entry_point!r}")
+    for name in wanted:
+        value = _materialise(name, offered.get(name), link)
+        if value is not _MISSING:
+            namespace[name] = value
+    exec(code, namespace)
     namespace["check"](namespace[entry_point])
     return {"passed": 1, "total": 1, "failure": None}
+
+
+def _take_source(name: str) -> Any:
+    """Compile ``name`` from the workdir and delete the file; tracebacks still quote it."""
+    import linecache
+
+    with open(name, encoding="utf-8") as fh:
+        source = fh.read()
+    os.unlink(name)
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    return compile(source, name, "exec")
 
 
 _MISSING = object()
@@ -420,10 +437,10 @@ def _materialise(name: str, spec: Any, link: _Link) -> Any:
         return _MISSING
     if spec[0] == "fn":
         return _proxy(name, link)
-    if spec[0] == "mod" and len(spec) == 2 and isinstance(spec[1], str):
-        # A module the candidate imported (``math``): the driver imports its own copy, and
-        # only from the standard library.
-        if spec[1].partition(".")[0] in sys.stdlib_module_names:
+    if spec[0] == "mod" and len(spec) == 2 and spec[1] == name:
+        # A module the candidate imported (``import math``): the driver imports its own
+        # copy, only from the standard library and only under its own name.
+        if name in sys.stdlib_module_names:
             import importlib
 
             try:

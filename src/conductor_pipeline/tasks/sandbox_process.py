@@ -32,6 +32,7 @@ from conductor_pipeline.tasks.sandbox_launcher import WRITABLE_DIRS, within
 
 __all__ = [
     "ARGS_FILE",
+    "CONTEXT_FILE",
     "SOLUTION_FILE",
     "TEST_FILE",
     "SandboxLimits",
@@ -42,6 +43,7 @@ __all__ = [
 
 SOLUTION_FILE = "solution.py"
 TEST_FILE = "tests.py"
+CONTEXT_FILE = "context.py"  # trusted source the check driver runs before the tests
 _RUNNER_FILE = "_sandbox_runner.py"
 # The harness's plain-data codec, imported by the harness from its own directory.
 _PLAIN_FILE = "sandbox_plain.py"

@@ -505,7 +505,10 @@ def _verify_code(task: Task, response: str) -> Verdict:
         site_packages=bool(meta.get("site_packages", False)),
     )
     if meta.get("test"):
-        report = run_function_tests(code, str(meta["test"]), entry_point, limits=limits)
+        # The prompt is trusted: the tests use its helpers, not the candidate's versions.
+        report = run_function_tests(
+            code, str(meta["test"]), entry_point, limits=limits, context=prompt or None
+        )
     elif meta.get("tests") and meta.get("test_style") == "functional":
         # LeetCode-style: call Solution().<func_name> with each case's JSON arguments.
         func_name = str(meta.get("func_name") or "")
