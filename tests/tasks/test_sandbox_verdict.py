@@ -161,8 +161,8 @@ def test_the_old_argv_channel_is_gone() -> None:
 
 
 def test_the_candidate_holds_neither_channel_nor_key() -> None:
-    # The candidate passes only if, inside its process, descriptors 3 and 4 are closed and
-    # argv names no descriptor.
+    # The candidate passes only if, inside its process, descriptors 3 and 4 are closed,
+    # argv names no descriptor and its parent's descriptors are out of reach.
     probe = (
         PROMPT
         + "    import os, sys\n"
@@ -174,6 +174,11 @@ def test_the_candidate_holds_neither_channel_nor_key() -> None:
         + "            pass\n"
         + "    if any(arg.isdigit() for arg in sys.argv):\n"
         + "        return -2\n"
+        + "    try:\n"  # the test driver (our parent) is non-dumpable: no /proc way in
+        + "        os.listdir(f'/proc/{os.getppid()}/fd')\n"
+        + "        return -3\n"
+        + "    except OSError:\n"
+        + "        pass\n"
         + "    return a + b\n"
     )
     assert run_function_tests(probe, CHECK, "add", limits=LIMITS).all_passed

@@ -507,8 +507,10 @@ def _serve_candidate(link: _Link, allow_subprocesses: bool) -> None:
     try:
         exec(_compile("solution.py"), module.__dict__)
     except BaseException as exc:  # SystemExit too: exiting early is not passing
+        _flush_output()
         link.send({"error": _describe(exc)})
         return
+    _flush_output()
     space = module.__dict__
     link.send({"names": {n: _offer(space[n]) for n in request["names"] if n in space}})
     while True:
@@ -519,6 +521,7 @@ def _serve_candidate(link: _Link, allow_subprocesses: bool) -> None:
             args, kwargs = decode(request["args"]), decode(request["kwargs"])
             value = space[request["call"]](*args, **kwargs)
         except BaseException as exc:  # SystemExit too: it ends the call, not the tests
+            _flush_output()
             link.send({"raise": [type(exc).__name__, _describe(exc)]})
             continue
         try:
@@ -526,7 +529,14 @@ def _serve_candidate(link: _Link, allow_subprocesses: bool) -> None:
         except TypeError as exc:
             why = f"returned {type(value).__name__}, which is not plain data ({exc})"
             reply = {"raise": ["TypeError", f"TypeError: {why}"]}
+        _flush_output()  # the driver kills this process once the tests end
         link.send(reply)
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def _offer(value: Any) -> list[Any]:
