@@ -376,3 +376,74 @@ def test_read_report_accepts_only_one_line_signed_with_the_run_key() -> None:
     assert read_report(_signed(key, good) * 2, key) is None  # a second line voids it
     assert read_report(b"garbage\n" + _signed(key, good), key) is None
     assert read_report(_signed(key, good), b"") is None  # no key, no report
+
+
+# --------------------------------------------------------------------------------------
+# Without root: no fresh uid, the candidate shares the caller's uid
+# --------------------------------------------------------------------------------------
+
+UNPRIVILEGED_DRIVER = r"""
+import json, os, sys, types
+for name in ("conductor_pipeline", "conductor_pipeline.tasks"):
+    package = sys.modules[name] = types.ModuleType(name)
+    package.__path__ = [SRC + "/" + name.replace(".", "/")]
+from conductor_pipeline.tasks.code_sandbox import SandboxLimits, run_function_tests
+probe = PROMPT + (
+    "    import os\n"
+    "    reachable = []\n"
+    "    for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+    "        try:\n"
+    "            os.listdir(f'/proc/{pid}/fd')\n"
+    "        except OSError:\n"
+    "            continue\n"
+    "        reachable.append(int(pid))\n"
+    "    print(json.dumps([os.getpid(), sorted(reachable)]))\n"
+    "    return a + b\n"
+)
+report = run_function_tests("import json\n" + probe, CHECK, "add", limits=SandboxLimits(wall_timeout_s=10))
+run = report.runs[0]
+candidate, seen = json.loads(run.stdout.splitlines()[0]) if run.stdout else (None, None)
+print(json.dumps({"passed": report.all_passed, "isolation": run.isolation, "me": os.getpid(),
+                  "candidate": candidate, "seen": seen}))
+"""
+
+
+def test_unprivileged_runs_keep_launcher_and_driver_out_of_reach(tmp_path: Any) -> None:
+    """As an ordinary user the candidate can see its uid's processes in /proc; of the
+    sandbox's own processes (launcher, init, test driver) none may expose its descriptors."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or python is None:
+        pytest.skip("needs root (to drop to nobody), setpriv and a system python3")
+    version = subprocess.run(
+        [python, "-c", "import sys; print(sys.version_info >= (3, 11))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if version.stdout.strip() != "True":
+        pytest.skip("the system python3 is older than 3.11")
+    src = Path(__file__).resolve().parents[2] / "src"
+    script = f"SRC = {str(src)!r}\nPROMPT = {PROMPT!r}\nCHECK = {CHECK!r}\n" + UNPRIVILEGED_DRIVER
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        check=False,
+    )
+    if done.returncode != 0 and "Permission denied" in done.stderr:
+        pytest.skip(f"nobody cannot read the checkout: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "uid" not in outcome["isolation"], outcome
+    assert outcome["passed"], outcome
+    # Only the candidate itself and the caller (same uid, outside the sandbox) are
+    # reachable; launcher, init and the check driver are non-dumpable.
+    assert sorted(outcome["seen"]) == sorted({outcome["me"], outcome["candidate"]}), outcome
