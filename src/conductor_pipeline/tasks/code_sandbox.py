@@ -30,12 +30,12 @@ Without root (a developer laptop, an unprivileged CI runner) only session, rlimi
 preamble and cleanenv are available; RLIMIT_NPROC is then set relative to the user's
 current process count.
 
-The work is split over four modules: this one (the public runners and how a test verdict
+The work is split over these modules: this one (the public runners and how a test verdict
 is read), ``sandbox_process`` (parent side: start, watch, kill, interpret),
-``sandbox_launcher`` (privileged set-up in a fresh process, run as a script) and
-``sandbox_harness`` (the program the candidate's interpreter runs). Why a test verdict
-cannot be forged by the code under test, and where that stops, is explained in
-``sandbox_harness``.
+``sandbox_launcher`` (privileged set-up in a fresh process, run as a script),
+``sandbox_harness`` (the program the candidate's interpreter runs) and ``sandbox_plain``
+(the plain-data codec of HumanEval's two-process check). Why a test verdict cannot be
+forged by the code under test, and where that stops, is explained in ``sandbox_harness``.
 
 Interpreter flags for the candidate: ``-s -S -B``. ``-S`` (no ``site``) keeps third-party
 packages and their ``.pth`` start-up hooks out of the child and saves start-up time;
