@@ -24,25 +24,25 @@ their copies of both pipes before the candidate exists and are non-dumpable, so 
 holder is this process.
 
 *check mode (HumanEval; with the script and call modes below, every code test a training
-reward uses).* The harness forks before any candidate code runs. The child (the *worker*) closes both descriptors first
-thing, installs the preamble guard, loads ``solution.py`` and then only answers calls:
-"call function NAME with these arguments" -> the return value. The parent (the *driver*)
-makes itself non-dumpable, reads the key, reads and deletes ``tests.py`` (and
-``context.py``, the task's prompt), lets the worker start, and runs ``check`` against
-proxies that forward each call to the worker. The tests' namespace is the prompt's (trusted
-helpers and imports) plus, from the candidate, only the entry point and names that neither
-the prompt nor the built-ins define: redefining ``poly`` or ``abs`` changes nothing. Arguments and
-results cross as plain data only (``encode``/``decode``: None, bool, int, float, complex,
-str, bytes, list, tuple, dict, set, frozenset; subclasses are reduced to their base type),
-so every comparison in ``check`` is between objects the driver built: an object whose
-``__eq__`` always answers True is refused at ``encode`` (it is no plain data), and an
-``int`` subclass with such an ``__eq__`` arrives as a plain ``int``. What the candidate
-can reach from its process: its own memory (no key: it was read after the fork; no tests:
-they were deleted before it ran), the reply pipe (writing to it is the same as returning a
-value), and signals to the driver (which only make the run fail). It cannot open the
-driver's descriptors or memory through ``/proc`` or ptrace (non-dumpable). Forging a
-report needs the key, which exists only in the parent, the driver and the key pipe, none of
-which the candidate can read. That is enough because the verdict is decided and written
+reward uses).* The harness forks before any candidate code runs. The child (the *worker*)
+closes both descriptors first thing, installs the preamble guard, loads ``solution.py`` and
+then only answers calls: "call function NAME with these arguments" -> the return value. The
+parent (the *driver*) makes itself non-dumpable, reads the key, reads and deletes
+``tests.py`` (and ``context.py``, the task's prompt), lets the worker start, and runs
+``check`` against proxies that forward each call to the worker. The tests' namespace is the
+prompt's (trusted helpers and imports) plus, from the candidate, only the entry point and
+names that neither the prompt nor the built-ins define: redefining ``poly`` or ``abs``
+changes nothing. Arguments and results cross as plain data only (``encode``/``decode``:
+None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset; subclasses
+are reduced to their base type), so every comparison in ``check`` is between objects the
+driver built: an object whose ``__eq__`` always answers True is refused at ``encode`` (it is
+no plain data), and an ``int`` subclass with such an ``__eq__`` arrives as a plain ``int``.
+What the candidate can reach from its process: its own memory (no key: it was read after the
+fork; no tests: they were deleted before it ran), the reply pipe (writing to it is the same
+as returning a value), and signals to the driver (which only make the run fail). It cannot
+open the driver's descriptors or memory through ``/proc`` or ptrace (non-dumpable). Forging
+a report needs the key, which exists only in the parent, the driver and the key pipe, none
+of which the candidate can read. That is enough because the verdict is decided and written
 entirely in the driver, after ``check`` returned, from values it decoded itself: the
 candidate can influence it only through the values it returns.
 
