@@ -4,6 +4,7 @@ recorded figures, rollback), and the composed pipelines."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -15,8 +16,8 @@ from conductor_pipeline.pipelines.promotion.nodes import (
     promote_challenger,
     promotion_metrics,
 )
-from tests.reporting.conftest import REPO
 
+REPO = Path(__file__).resolve().parents[2]
 PARAMS = {
     "gates": {"max_accuracy_drop": 0.05, "max_cost_increase": 0.10, "min_parse_rate": 0.5},
     "champion_system": "champion",
