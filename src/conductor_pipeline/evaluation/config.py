@@ -71,6 +71,13 @@ def _int(value: Any, key: str, *, minimum: int = 0, allow_none: bool = False) ->
     return value
 
 
+def _number(value: Any, key: str, low: float, high: float) -> float:
+    """``value`` as a float in ``[low, high)``; a ``ValueError`` naming ``key`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value < high:
+        raise ValueError(f"evaluation.{key}: must be in [{low:g}, {high:g}), got {value!r}")
+    return float(value)
+
+
 def _names(value: Any, key: str) -> list[str] | None:
     if value is None:
         return None
@@ -213,11 +220,7 @@ class EvaluationConfig:
         n = bon.get("n", "auto")
         if n != "auto":
             _int(n, "best_of_n.n", minimum=1)
-        confidence = metrics.get("confidence", 0.95)
-        if not isinstance(confidence, int | float) or not 0.5 <= confidence < 1:
-            raise ValueError(
-                f"evaluation.metrics.confidence: must be in [0.5, 1), got {confidence!r}"
-            )
+        confidence = _number(metrics.get("confidence", 0.95), "metrics.confidence", 0.5, 1)
         aggregator = moa.get("aggregator", "random")
         if not isinstance(aggregator, str) or not aggregator:
             raise ValueError("evaluation.moa.aggregator: must be 'random' or a worker name")
@@ -238,15 +241,6 @@ class EvaluationConfig:
                 f"evaluation.policy_server: must be one of {list(POLICY_SERVERS)}, "
                 f"got {policy_server!r}"
             )
-        retry_delay_s = params.get("retry_delay_s", 0.5)
-        if (
-            isinstance(retry_delay_s, bool)
-            or not isinstance(retry_delay_s, int | float)
-            or not 0 <= retry_delay_s <= 60
-        ):
-            raise ValueError(
-                f"evaluation.retry_delay_s: must be a number of seconds in [0, 60], got {retry_delay_s!r}"
-            )
         store = params.get("store", cls.store)
         if not isinstance(store, str) or not store:
             raise ValueError("evaluation.store: must be a file path")
@@ -264,7 +258,7 @@ class EvaluationConfig:
             store=store,
             concurrency=_int(params.get("concurrency", 8), "concurrency", minimum=1),
             infra_retries=_int(params.get("infra_retries", 3), "infra_retries"),
-            retry_delay_s=float(retry_delay_s),
+            retry_delay_s=_number(params.get("retry_delay_s", 0.5), "retry_delay_s", 0, 60),
             systems=tuple(dict.fromkeys(systems)),
             conductor=ConductorSettings(
                 adapter=adapter,
@@ -296,7 +290,7 @@ class EvaluationConfig:
             bootstrap_samples=_int(
                 metrics.get("bootstrap_samples", 2000), "metrics.bootstrap_samples", minimum=100
             ),
-            confidence=float(confidence),
+            confidence=confidence,
             trace_sample=_int(params.get("trace_sample", 5), "trace_sample"),
             benchmarks={str(k): dict(v or {}) for k, v in benchmarks.items()},
             report_by=report_by,

@@ -171,6 +171,16 @@ class _Runner:
         self.rerun_infra_failed = 0  # stored infra-failed pairs run again
         self.infra_failed = 0  # pairs run now that ended infra-failed
 
+    def counts(self, total: int, stored_before: int) -> dict[str, int]:
+        """What the run did, for the run info."""
+        return {
+            "pairs_run": self.fresh,
+            "pairs_reused": total - self.fresh,
+            "infra_failed_pairs": self.infra_failed,
+            "infra_failed_pairs_rerun": self.rerun_infra_failed,
+            "store_size_before": stored_before,
+        }
+
     async def run_pairs(
         self, system: System, tasks: Sequence[Task], split: str, limit: asyncio.Semaphore
     ) -> list[QuestionResult]:
@@ -245,8 +255,8 @@ async def evaluate(
     (the registry's champion, when it is not the Conductor under test) is evaluated as
     ``champion`` with the same settings, for promotion to compare against. Returns the
     results of the current variants of every system, in (system, question) order, and an
-    ``info`` dict (what was sized how).
-    """
+    ``info`` dict (what was sized how, run, retried). Worker calls go through a
+    :class:`RetryingCaller` (module docstring)."""
     store = store if store is not None else ResultStore(None)
     retrying = RetryingCaller(pool.caller, config.infra_retries, config.retry_delay_s)
     pool = replace(pool, caller=retrying)
@@ -423,12 +433,7 @@ async def evaluate(
         )
     if config.wants("oracle") and config.wants("solo"):
         results["oracle"] = derive_oracle([results[s.name] for s in solos], pool_id)
-    info["pairs_run"] = runner.fresh
-    info["pairs_reused"] = total - runner.fresh
-    info["worker_call_retries"] = retrying.stats
-    info["infra_failed_pairs"] = runner.infra_failed
-    info["infra_failed_pairs_rerun"] = runner.rerun_infra_failed
-    info["store_size_before"] = already
+    info.update(runner.counts(total, already), worker_call_retries=retrying.stats)
     info["conductor_batches"] = [size for w in wrapped.values() for size in w.policy.batches]
     info["shared_samples"] = sum(w.hits for w in wrapped.values())
     ordered = [r for name in system_order(list(results)) for r in results[name]]
