@@ -20,6 +20,7 @@
       warm_up: true               # at start-up: cache the prompt opening, one short generation
       limits: {max_steps: 10, max_tokens: null, max_cost_usd: null, max_rounds: 2}
       batching: {enabled: true, max_batch: 16, max_wait_ms: 20}   # see serving.batching
+      capture: {enabled: false, ...}   # opt-in request capture, see serving.capture
       vllm: {...}                 # see conductor_pipeline.serving.policy_server.VllmSettings
 
 ``limits`` are ceilings for the per-request budget fields; a request may ask for less than
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from conductor_pipeline.serving.batching import BatchingSettings
+from conductor_pipeline.serving.capture import CaptureSettings
 from conductor_pipeline.serving.policy_server import VllmSettings
 
 POLICY_SERVERS = ("local", "vllm")
@@ -70,6 +72,7 @@ class ServingSettings:
     limits: RequestLimits = field(default_factory=RequestLimits)
     batching: BatchingSettings = field(default_factory=BatchingSettings)
     vllm: VllmSettings = field(default_factory=VllmSettings)
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
 
     def __post_init__(self) -> None:
         if self.policy_server not in POLICY_SERVERS:
@@ -114,9 +117,17 @@ def serving_settings(params: Mapping[str, Any] | None) -> ServingSettings:
     if not isinstance(batching, Mapping):
         raise ValueError("serving.batching: must be a mapping")
     batching = BatchingSettings.from_mapping(batching)
+    capture = params.pop("capture", None) or {}
+    if not isinstance(capture, Mapping):
+        raise ValueError("serving.capture: must be a mapping")
+    capture = CaptureSettings.from_mapping(capture)
     try:
         return ServingSettings(
-            **params, limits=RequestLimits(**limits), vllm=vllm, batching=batching
+            **params,
+            limits=RequestLimits(**limits),
+            vllm=vllm,
+            batching=batching,
+            capture=capture,
         )
     except TypeError as err:
         raise ValueError(f"serving: {err}") from err
