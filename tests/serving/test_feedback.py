@@ -1,0 +1,193 @@
+"""``POST /v1/feedback`` bodies and their store: validation that names the field, unknown
+request ids, idempotency, conflicts, capture off, several writers, retention."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conductor_pipeline.serving.capture import CaptureSettings, CaptureStore, capture_record
+from conductor_pipeline.serving.errors import ApiError
+from conductor_pipeline.serving.feedback import FeedbackStore, parse_feedback
+from conductor_pipeline.tasks.sources.traffic import read_records
+
+DAY = 86400.0
+
+
+def captured(tmp_path: Path, *ids: str, **settings: Any) -> CaptureStore:
+    store = CaptureStore(CaptureSettings(enabled=True, path="capture", **settings), tmp_path)
+    for request_id in ids:
+        record = {"request_id": request_id, "model": {"id": "conductor/3"}, "steps": []}
+        store.append(capture_record(f"question of {request_id}", "42", record))
+    return store
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            {"request_id": "r1", "reference_answer": "42"},
+            {"reference_answer": "42", "answer_format": "number", "verifier": "numeric"},
+        ),
+        (
+            {"request_id": "r1", "reference_answer": "Paris"},
+            {"answer_format": "text", "verifier": "exact"},
+        ),
+        (
+            {"request_id": "r1", "reference_answer": "\\frac{1}{2}", "answer_format": "math"},
+            {"answer_format": "math", "verifier": "math"},
+        ),
+        (
+            {"request_id": "r1", "reference_answer": "B", "verifier": "multiple_choice"},
+            {"answer_format": "text", "verifier": "multiple_choice"},
+        ),
+        ({"request_id": "r1", "verdict": "right"}, {"verdict": "right", "score": None}),
+        ({"request_id": "r1", "score": 0}, {"score": 0.0}),
+        ({"request_id": "r1", "score": 0.75, "comment": "close"}, {"score": 0.75}),
+    ],
+)
+def test_valid_bodies(body, expected):
+    content = parse_feedback(body).content()
+    assert {k: content[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "body, param, phrase",
+    [
+        ({"reference_answer": "42"}, "request_id", "Field required"),
+        ({"request_id": "", "verdict": "right"}, "request_id", "at least 1"),
+        ({"request_id": 7, "verdict": "right"}, "request_id", "string"),
+        ({"request_id": "r1"}, None, "exactly one of reference_answer, verdict, score"),
+        ({"request_id": "r1", "verdict": "right", "score": 1}, None, "(got verdict, score)"),
+        ({"request_id": "r1", "verdict": "maybe"}, "verdict", "'right' or 'wrong'"),
+        ({"request_id": "r1", "score": 1.5}, "score", "less than or equal to 1"),
+        ({"request_id": "r1", "score": -0.1}, "score", "greater than or equal to 0"),
+        ({"request_id": "r1", "score": "0.5"}, "score", "number"),
+        ({"request_id": "r1", "score": True}, "score", "not a boolean"),
+        ({"request_id": "r1", "score": float("nan")}, "score", "finite"),
+        ({"request_id": "r1", "score": float("inf")}, "score", "finite"),
+        ({"request_id": "r1", "reference_answer": "  "}, "reference_answer", "blank"),
+        ({"request_id": "r1", "reference_answer": "x", "verifier": "code"}, "verifier", "'math'"),
+        (
+            {"request_id": "r1", "reference_answer": "x", "answer_format": "code"},
+            "answer_format",
+            "'number'",
+        ),
+        ({"request_id": "r1", "verdict": "right", "verifier": "exact"}, "verifier", "only"),
+        ({"request_id": "r1", "verdict": "right", "answer": "42"}, "answer", "unknown field"),
+    ],
+)
+def test_bad_bodies_are_a_400_naming_the_field(body, param, phrase):
+    with pytest.raises(ApiError) as err:
+        parse_feedback(body)
+    assert err.value.status == 400 and err.value.param == param
+    assert phrase in err.value.message, err.value.message
+    assert err.value.body()["error"]["code"] == "invalid_feedback"
+
+
+def test_a_body_that_is_not_an_object_is_a_400():
+    with pytest.raises(ApiError) as err:
+        parse_feedback(["request_id", "r1"])
+    assert err.value.status == 400 and "JSON object" in err.value.message
+
+
+# ------------------------------------------------------------------------------ the store
+
+
+def test_feedback_for_an_unknown_request_is_a_404_and_is_not_stored(tmp_path):
+    feedback = FeedbackStore(captured(tmp_path, "r1"))
+    with pytest.raises(ApiError) as err:
+        feedback.submit(parse_feedback({"request_id": "r-unknown", "verdict": "right"}))
+    assert err.value.status == 404 and err.value.param == "request_id"
+    assert err.value.code == "unknown_request_id"
+    assert feedback.records() == []
+
+
+def test_the_same_body_twice_is_idempotent_and_a_different_one_a_409(tmp_path):
+    feedback = FeedbackStore(captured(tmp_path, "r1"))
+    body = {"request_id": "r1", "reference_answer": "42"}
+    status, first = feedback.submit(parse_feedback(body))
+    assert status == 200 and first["kind"] == "reference_answer" and first["joinable"]
+    assert first["duplicate"] is False
+    # the implied verifier is filled in, so naming it explicitly is the same body
+    status, again = feedback.submit(parse_feedback({**body, "verifier": "numeric"}))
+    assert status == 200 and again["duplicate"] is True
+    assert again["received"] == first["received"]
+    with pytest.raises(ApiError) as err:
+        feedback.submit(parse_feedback({"request_id": "r1", "verdict": "wrong"}))
+    assert err.value.status == 409 and err.value.code == "feedback_conflict"
+    [record] = feedback.records()
+    assert record["reference_answer"] == "42" and record["verifier"] == "numeric"
+
+
+def test_with_capture_off_feedback_is_kept_but_marked_unjoinable(tmp_path):
+    off = CaptureStore(CaptureSettings(path="capture"), tmp_path)
+    feedback = FeedbackStore(off)
+    status, reply = feedback.submit(parse_feedback({"request_id": "anything", "score": 1}))
+    assert status == 200 and reply["joinable"] is False and "capture is off" in reply["note"]
+    assert [r["request_id"] for r in feedback.records()] == ["anything"]
+    assert not list((tmp_path / "capture").glob("requests*"))  # still no question on disk
+
+
+def test_two_stores_on_one_folder_see_each_others_feedback(tmp_path):
+    """Two server processes: each reads what the other appended before judging."""
+    capture = captured(tmp_path, "r1", "r2")
+    one, two = FeedbackStore(capture), FeedbackStore(capture)
+    one.submit(parse_feedback({"request_id": "r1", "verdict": "right"}))
+    assert two.submit(parse_feedback({"request_id": "r1", "verdict": "right"}))[1]["duplicate"]
+    with pytest.raises(ApiError, match="already has different feedback"):
+        two.submit(parse_feedback({"request_id": "r1", "verdict": "wrong"}))
+    two.submit(parse_feedback({"request_id": "r2", "score": 0.5}))
+    with pytest.raises(ApiError) as err:
+        one.submit(parse_feedback({"request_id": "r2", "score": 0.25}))
+    assert err.value.status == 409
+    assert [r["request_id"] for r in one.records()] == ["r1", "r2"]
+
+
+def test_concurrent_submissions_for_one_request_store_one_line(tmp_path):
+    feedback = FeedbackStore(captured(tmp_path, "r1"))
+    outcomes: list[Any] = []
+
+    def send(verdict: str) -> None:
+        try:
+            outcomes.append(
+                feedback.submit(parse_feedback({"request_id": "r1", "verdict": verdict}))[0]
+            )
+        except ApiError as err:
+            outcomes.append(err.status)
+
+    threads = [threading.Thread(target=send, args=(v,)) for v in ["right", "wrong"] * 8]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    records, unreadable = read_records(tmp_path / "capture", "feedback")
+    assert len(records) == 1 and unreadable == 0
+    winner = records[0]["verdict"]
+    assert outcomes.count(200) == 8 and outcomes.count(409) == 8, (winner, outcomes)
+
+
+def test_capture_retention_applies_to_feedback_at_start_up(tmp_path):
+    now = 1_800_000_000.0
+    capture = captured(tmp_path, "old", "new", max_age_days=None)
+    FeedbackStore(capture, clock=lambda: now - 40 * DAY).submit(
+        parse_feedback({"request_id": "old", "verdict": "right"})
+    )
+    FeedbackStore(capture, clock=lambda: now - DAY).submit(
+        parse_feedback({"request_id": "new", "verdict": "wrong"})
+    )
+    kept = FeedbackStore(
+        CaptureStore(
+            CaptureSettings(enabled=True, path="capture", max_age_days=30),
+            tmp_path,
+            clock=lambda: now,
+        ),
+        clock=lambda: now,
+    )
+    assert [r["request_id"] for r in kept.records()] == ["new"]
