@@ -17,7 +17,8 @@ them). This module reads those files and turns them into:
 
 A question whose normalised text is in the test split is dropped from both: training on it
 would leak the fixed anchor into training, and keeping it in the slice would measure the
-anchor twice. Repeated questions are kept once (the earliest capture). Each task keeps its
+anchor twice. A repeated question is kept once: the first feedback on it (by feedback time),
+also across runs (feedback older than ``since`` still marks its question as taken). Each task keeps its
 provenance (``metadata.request_id``, capture and feedback times, the model version that
 served it). The output order is deterministic: by feedback time, then request id.
 
@@ -179,11 +180,11 @@ def _task(
     )
 
 
-def _latest_feedback(
+def _split_feedback(
     feedback: Iterable[Mapping[str, Any]], since: str | None, summary: dict[str, Any]
-) -> list[Mapping[str, Any]]:
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """One feedback record per request id (the first: the store refuses a different second
-    one), newer than ``since``, ordered by time then request id."""
+    one), as ``(newer than since, the rest)``, each ordered by time then request id."""
     first: dict[str, Mapping[str, Any]] = {}
     for record in feedback:
         request_id = record.get("request_id")
@@ -191,9 +192,11 @@ def _latest_feedback(
             summary["invalid"] += 1
             continue
         first.setdefault(request_id, record)
-    taken = [r for r in first.values() if since is None or str(r.get("time") or "") > since]
-    summary["older_than_watermark"] = len(first) - len(taken)
-    return sorted(taken, key=lambda r: (str(r.get("time") or ""), str(r["request_id"])))
+    ordered = sorted(first.values(), key=lambda r: (str(r.get("time") or ""), r["request_id"]))
+    taken = [r for r in ordered if since is None or str(r.get("time") or "") > since]
+    older = [r for r in ordered if not (since is None or str(r.get("time") or "") > since)]
+    summary["older_than_watermark"] = len(older)
+    return taken, older
 
 
 def traffic_tasks(
@@ -235,7 +238,13 @@ def traffic_tasks(
     seen: set[str] = set()
     defaults = {"domain": domain, "difficulty": difficulty}
     out = TrafficTasks(summary=summary)
-    rows = _latest_feedback(feedback, since, summary)
+    rows, older = _split_feedback(feedback, since, summary)
+    # questions an earlier run already took are not taken again under a new request id
+    seen.update(
+        normalise_question(str(by_id[r["request_id"]]["question"]))
+        for r in older
+        if r["request_id"] in by_id
+    )
     summary["feedback"] = len(rows)
     # every record looked at moves the watermark, used or not: a skipped one stays skipped
     times = [str(r.get("time") or "") for r in rows]
