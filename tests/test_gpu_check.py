@@ -19,7 +19,7 @@ import pytest
 
 from conductor_pipeline import gpu_check
 
-SRC = Path(gpu_check.__file__).resolve().parents[1]
+SRC = Path(gpu_check.__file__).resolve().parents[2]
 TINY_CONFIG = {
     "model_type": "llama",
     "hidden_size": 32,
@@ -97,7 +97,7 @@ def test_cpu_dry_run_on_a_bare_image_uses_the_self_contained_step(
     of the configured architecture and the self-contained GRPO step still run."""
     for name in ("trl", "datasets", "gguf", "litellm", "vllm", "kedro", "mlflow"):
         monkeypatch.setitem(sys.modules, name, None)  # import fails, find_spec is None
-    monkeypatch.setattr(gpu_check, "SMOLLM2_135M_CONFIG", TINY_CONFIG)
+    monkeypatch.setattr(gpu_check.runner, "SMOLLM2_135M_CONFIG", TINY_CONFIG)
     monkeypatch.setenv("CONDUCTOR_MODEL_CACHE", str(tmp_path / "no-cache"))
     out = tmp_path / "gpu_check.json"
     code = gpu_check.main(["--output", str(out), *SMALL_RUN, "--steps", "2"])
@@ -116,14 +116,14 @@ def test_cpu_dry_run_on_a_bare_image_uses_the_self_contained_step(
 
 
 def test_a_failing_section_fails_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(gpu_check, "SMOLLM2_135M_CONFIG", TINY_CONFIG)
+    monkeypatch.setattr(gpu_check.runner, "SMOLLM2_135M_CONFIG", TINY_CONFIG)
     monkeypatch.setenv("CONDUCTOR_MODEL_CACHE", str(tmp_path / "no-cache"))
     monkeypatch.setitem(sys.modules, "gguf", None)
 
     def broken(*args: object, **kwargs: object) -> dict[str, object]:
         raise RuntimeError("simulated kernel failure")
 
-    monkeypatch.setattr(gpu_check, "measure_generation", broken)
+    monkeypatch.setattr(gpu_check.runner, "measure_generation", broken)
     out = tmp_path / "gpu_check.json"
     code = gpu_check.main(["--output", str(out), *SMALL_RUN, "--no-trl"])
     report = json.loads(out.read_text())
