@@ -6,8 +6,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import yaml
 
+from conductor_pipeline.project import load_project_config
 from conductor_pipeline.training.configs import (
     FULL_FINETUNE_LR,
     TrainingConfig,
@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _params(env: str) -> dict:
-    return yaml.safe_load((ROOT / "conf" / env / "parameters_training.yml").read_text())["training"]
+    """``params:training`` as ``kedro run --env <env>`` resolves it (``conf/gpu`` keeps only
+    what differs from ``conf/base``; the loader soft-merges the two)."""
+    return load_project_config(env, root=ROOT).parameters["training"]
 
 
 def test_defaults_are_valid():
