@@ -1,5 +1,11 @@
 """The Conductor API: an OpenAI-compatible chat endpoint answered by orchestrated workflows.
 
+This module holds what is served (:class:`ConductorService`), policy loading and
+:func:`create_app`, which wires the parts: ``serving.schema`` reads and validates a request,
+``serving.handlers`` answers it (endpoints as functions over one ``AppState``),
+``serving.responses`` writes records, bodies and stream chunks, ``serving.middleware`` holds
+the concurrency gate, the guarded stream and the request log.
+
 Endpoints (:func:`create_app`):
 
 * ``POST /v1/chat/completions`` — ``model`` is ``conductor`` (or the served version's id,
