@@ -5,7 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conductor_pipeline.benchmarks import benchmark, timed, timings_summary
+from conductor_pipeline.benchmarks import (
+    benchmark,
+    parsing,  # noqa: F401  (registers "parser")
+    timed,
+    timings_summary,
+)
 
 
 @benchmark("verifiers")

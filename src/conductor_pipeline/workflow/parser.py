@@ -17,14 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from conductor_pipeline.workflow.literal_scanner import ListScanner
 from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow, WorkflowParseError
 
 __all__ = ["parse_workflow", "render_workflow", "workflow_from_lists"]
 
 _DEFAULT_LIMITS = ParseLimits()
-# Valid workflows nest three deep at most; anything much deeper is garbage and would only
-# risk RecursionError/MemoryError inside the literal decoders.
-_MAX_NESTING = 32
 # Bounds the work on degenerate completions that repeat a label over and over.
 _MAX_LABELS = 200
 
@@ -32,23 +30,25 @@ MODEL_ID, SUBTASKS, ACCESS = "model_id", "subtasks", "access_list"
 _CANONICAL = (MODEL_ID, SUBTASKS, ACCESS)
 
 # A label, optionally decorated with markdown/quotes (**model_id**, `subtasks`, "access"),
-# then ':' or '=', optional decoration, and the opening bracket of the list.
+# then ':' or '=', optional decoration, and the opening bracket of the list. The regex
+# starts at the label word so that a search skips ahead on its first letter; the
+# decoration before it (up to three characters after a non-word character) is checked by
+# :func:`_find_label`. The whitespace runs are possessive (``*+``): ``[ \t]*`` next to an
+# optional decoration and ``\s*`` would otherwise retry every split of a long run of
+# spaces (quadratic), and no other split can match because decoration, whitespace and '['
+# are disjoint classes.
+_DECO_CHARS = "*_`'\""
 _DECO = r"[*_`'\"]{0,3}"
 _LABEL_RE = re.compile(
-    r"(?<![\w])" + _DECO + r"(?P<label>model[ _-]?ids?|sub[ _-]?tasks?|access[ _-]?lists?|access)"
-    r"(?![A-Za-z0-9])" + _DECO + r"[ \t]*[:=][ \t]*" + _DECO + r"\s*\[",
+    r"(?P<label>model[ _-]?ids?|sub[ _-]?tasks?|access[ _-]?lists?|access)(?![A-Za-z0-9])"
+    + _DECO
+    + r"[ \t]*+[:=][ \t]*+"
+    + _DECO
+    + r"\s*+\[",
     re.IGNORECASE,
 )
+_WORD_CHAR_RE = re.compile(r"\w")
 _THINK_TAG_RE = re.compile(r"<(/?)think>", re.IGNORECASE)
-# Characters the bracket scanner must look at; everything else is skipped in one jump.
-_INTERESTING_RE = re.compile(r"[\[\](){}\"'#]")
-_STRING_BODY = {
-    '"': re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL),
-    "'": re.compile(r"(?:[^'\\]|\\.)*'", re.DOTALL),
-    '"""': re.compile(r'(?:[^"\\]|\\.|"(?!""))*"""', re.DOTALL),
-    "'''": re.compile(r"(?:[^'\\]|\\.|'(?!''))*'''", re.DOTALL),
-}
-_CLOSERS = {"[": "]", "(": ")", "{": "}"}
 # In rendered subtasks, think tags are written with an escape so that the think-stripping
 # pass never sees them (the literal decoder turns \x74 back into 't').
 _THINK_TAG_IN_LITERAL_RE = re.compile(r"<(/?)([tT])([hH][iI][nN][kK]>)")
@@ -77,70 +77,6 @@ class _Record:
     kind: str
     value: Any = None
     error: str | None = None
-
-
-def _scan_literal(text: str, start: int, kind: str) -> tuple[int, str]:
-    """Return (end, literal) for the bracketed literal opening at ``text[start]``.
-
-    The literal is returned with raw line breaks inside single-line strings escaped (a
-    common slip of small models); the decoder tries the original text first.
-    """
-    stack: list[str] = []
-    fixes: list[tuple[int, int]] = []  # spans of single-line strings holding raw newlines
-    i = start
-    n = len(text)
-    search = _INTERESTING_RE.search
-    while True:
-        m = search(text, i)
-        if m is None:
-            raise WorkflowParseError(
-                f"the {kind} list opened at character {start} is never closed "
-                "(unbalanced brackets, or the completion was cut off)"
-            )
-        i = m.start()
-        c = text[i]
-        if c in _CLOSERS:
-            stack.append(_CLOSERS[c])
-            if len(stack) > _MAX_NESTING:
-                raise WorkflowParseError(
-                    f"the {kind} list is nested more than {_MAX_NESTING} levels deep"
-                )
-            i += 1
-        elif c in "])}":
-            if not stack or stack[-1] != c:
-                raise WorkflowParseError(f"the {kind} list has a mismatched {c!r} at character {i}")
-            stack.pop()
-            i += 1
-            if not stack:
-                literal = text[start:i]
-                if fixes:
-                    literal = _escape_newlines(text, start, i, fixes)
-                return i, literal
-        elif c == "#":
-            nl = text.find("\n", i)
-            i = n if nl < 0 else nl + 1
-        else:  # a quote opens a string
-            quote = text[i : i + 3] if text.startswith(c * 3, i) else c
-            body = _STRING_BODY[quote].match(text, i + len(quote))
-            if body is None:
-                raise WorkflowParseError(
-                    f"the {kind} list has an unterminated string starting at character {i}"
-                )
-            end = body.end()
-            if len(quote) == 1 and ("\n" in text[i:end] or "\r" in text[i:end]):
-                fixes.append((i, end))
-            i = end
-
-
-def _escape_newlines(text: str, start: int, end: int, fixes: list[tuple[int, int]]) -> str:
-    parts: list[str] = []
-    pos = start
-    for a, b in fixes:
-        parts.append(text[pos:a])
-        parts.append(text[a:b].replace("\r", "\\r").replace("\n", "\\n"))
-        pos = b
-    parts.append(text[pos:end])
-    return "".join(parts)
 
 
 def _decode(literal: str, original: str, kind: str) -> Any:
@@ -195,28 +131,48 @@ def _strip_think(text: str) -> str:
     return "".join(kept)
 
 
+def _find_label(text: str, pos: int) -> re.Match[str] | None:
+    """The first labelled list whose label (with its decoration) starts at or after ``pos``.
+
+    Matches what ``(?<!\\w)`` + decoration + :data:`_LABEL_RE` would: a label counts if up
+    to three decoration characters before it follow a non-word character or the start.
+    """
+    while (m := _LABEL_RE.search(text, pos)) is not None:
+        label_at = m.start()
+        for start in range(label_at, max(pos, label_at - 3) - 1, -1):
+            if start < label_at and text[start] not in _DECO_CHARS:
+                break
+            if start == 0 or not _WORD_CHAR_RE.match(text, start - 1):
+                return m
+        pos = label_at + 1
+    return None
+
+
 def _collect(text: str) -> list[_Record]:
     records: list[_Record] = []
-    pos = 0
-    while True:
-        m = _LABEL_RE.search(text, pos)
-        if m is None:
-            return records
+    scanner = ListScanner(text)
+    m = _find_label(text, 0)
+    while m is not None:
         if len(records) >= _MAX_LABELS:
             raise WorkflowParseError(
                 f"more than {_MAX_LABELS} labelled lists; the completion looks degenerate"
             )
         kind = _kind(m.group("label"))
         open_at = m.end() - 1
+        after = _find_label(text, m.end())  # the next label if this list is not taken
         try:
-            end, literal = _scan_literal(text, open_at, kind)
+            end, literal = scanner.literal(
+                open_at, kind, len(text) if after is None else after.end() - 1
+            )
             value = _decode(literal, text[open_at:end], kind)
         except WorkflowParseError as exc:
             records.append(_Record(kind, error=str(exc)))
-            pos = m.end()
+            m = after
             continue
         records.append(_Record(kind, value=value))
-        pos = end  # labels inside a consumed literal (e.g. in a subtask) are not labels
+        # labels inside a consumed literal (e.g. in a subtask) are not labels
+        m = _find_label(text, end)
+    return records
 
 
 def _select(records: list[_Record]) -> dict[str, _Record]:
