@@ -1,0 +1,118 @@
+"""Lookup decoding: guesses change how many forward passes a reply takes, never its text."""
+
+from __future__ import annotations
+
+import pytest
+
+from conductor_pipeline.workers.lookup_decoding import NgramIndex, lookup_generate
+
+# -- guesses --------------------------------------------------------------------------------
+
+
+def test_a_guess_continues_the_latest_match_in_the_reply_before_any_source() -> None:
+    index = NgramIndex([[1, 2, 3, 40, 41], [1, 2, 3, 50, 51]])
+    # the reply (from position 3 on) already holds "1 2 3 60": the reply wins
+    assert index.guess([9, 9, 9, 1, 2, 3, 60, 1, 2, 3], limit=2, reply_start=3) == [60, 1]
+    # nothing in the reply: the first source that has the n-gram wins over later ones
+    assert index.guess([9, 1, 2, 3], limit=5, reply_start=1) == [40, 41]
+
+
+def test_longer_ngrams_win_and_the_guess_respects_its_limit() -> None:
+    index = NgramIndex([[7, 2, 3, 10, 11, 12], [5, 6, 2, 3, 20, 21]])
+    # "6 2 3" only occurs in the second source; "2 3" alone would pick the first
+    assert index.guess([5, 6, 2, 3], limit=8) == [20, 21]
+    assert index.guess([0, 2, 3], limit=1) == [10]
+    assert index.guess([0, 2, 3], limit=0) == []
+
+
+def test_no_match_or_a_too_short_context_guesses_nothing() -> None:
+    index = NgramIndex([[1, 2, 3, 4]])
+    assert index.guess([8, 9], limit=4) == []
+    assert index.guess([2], limit=4) == []
+    # a match at the very end of a source has no continuation to offer
+    assert NgramIndex([[1, 2]]).guess([0, 1, 2], limit=4) == []
+
+
+# -- the same text as plain decoding, with the real SmolLM2 ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from conductor_pipeline.workers.local_model import load_smollm2
+
+    model, tokenizer = load_smollm2()
+    model.eval()
+    return model, tokenizer
+
+
+_MESSAGES = [
+    {
+        "role": "user",
+        "content": "Write three lines, each exactly like this one: "
+        "model_id = [2], subtasks = ['Check the answer.'], access_list = [[0]]",
+    }
+]
+
+
+def _lookup(model, tokenizer, messages, temperature, seed, max_new_tokens, history=()):
+    from transformers import DynamicCache
+
+    from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+
+    ids, _ = encode_chat(tokenizer, messages)
+    return lookup_generate(
+        model,
+        ids,
+        DynamicCache(),
+        0,
+        RowSampler([temperature], [seed]),
+        max_new_tokens,
+        tokenizer.eos_token_id,
+        history=history,
+    )
+
+
+@pytest.mark.parametrize(("temperature", "seed"), [(0.0, 0), (0.7, 1), (0.7, 2), (1.0, 3)])
+def test_lookup_decoding_writes_the_text_plain_decoding_writes(smollm2, temperature, seed):
+    from conductor_pipeline.workers.local_model import generate_chat
+
+    model, tokenizer = smollm2
+    text, _, completion_tokens = generate_chat(
+        model, tokenizer, _MESSAGES, max_new_tokens=48, temperature=temperature, seed=seed
+    )
+    result = _lookup(model, tokenizer, _MESSAGES, temperature, seed, 48)
+    assert tokenizer.decode(result.tokens, skip_special_tokens=True).strip() == text
+    assert len(result.tokens) == completion_tokens
+
+
+def test_a_reply_seen_before_takes_a_fraction_of_the_passes(smollm2):
+    model, tokenizer = smollm2
+    first = _lookup(model, tokenizer, _MESSAGES, 0.0, 0, 48)
+    again = _lookup(model, tokenizer, _MESSAGES, 0.0, 0, 48, history=[first.tokens])
+    assert again.tokens == first.tokens
+    # every guess right: about one pass per eight tokens instead of one per token
+    assert again.forward_passes <= len(again.tokens) // 4
+    assert again.guessed >= len(again.tokens) // 2
+
+
+def test_a_cached_prompt_opening_and_the_token_limit_are_honoured(smollm2):
+    import torch
+    from transformers import DynamicCache
+
+    from conductor_pipeline.workers.local_model import RowSampler, encode_chat, generate_chat
+
+    model, tokenizer = smollm2
+    ids, _ = encode_chat(tokenizer, _MESSAGES)
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids[:20]]), past_key_values=cache, use_cache=True)
+    result = lookup_generate(
+        model, ids, cache, 20, RowSampler([0.7], [5]), 9, tokenizer.eos_token_id
+    )
+    text, _, completion_tokens = generate_chat(
+        model, tokenizer, _MESSAGES, max_new_tokens=9, temperature=0.7, seed=5
+    )
+    assert len(result.tokens) == completion_tokens == 9
+    assert tokenizer.decode(result.tokens, skip_special_tokens=True).strip() == text
+    with pytest.raises(ValueError, match="cached tokens"):
+        lookup_generate(model, ids, cache, len(ids), RowSampler([0.0], [0]), 4, 2)
