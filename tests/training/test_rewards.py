@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 
-from conductor_pipeline.tasks import Task
+from conductor_pipeline.tasks import Task, Verdict
 from conductor_pipeline.training.configs import RewardConfig
 from conductor_pipeline.training.rewards import (
     ConductorReward,
     RolloutScore,
     RolloutStats,
     completion_text,
+    correctness_reward,
     score_recursion_round,
     score_rollout,
     summarise_scores,
@@ -379,3 +381,45 @@ async def test_binary_access_prompt_scores_position_lists_as_unparseable():
     binary = PromptConfig(few_shot=[], positional_access=False)
     result = await score_rollout(text, TASK, FakePool([TASK]), 3, None, binary, FAST)
     assert result.reward == 0.0 and "positional_access" in (result.parse_error or "")
+
+
+# -- the verdict -> reward rule, the same in every round ----------------------------------------
+
+
+def test_correctness_reward_of_a_verdict():
+    right = Verdict(True, 1.0, "5", "matches")
+    wrong = Verdict(False, 0.4, "x", "2 of 5 tests pass")
+    assert correctness_reward(right, FAST) == 1.0
+    assert correctness_reward(wrong, FAST) == 0.5
+    partial = RewardConfig(partial_credit=True, retry_delay_s=0.0)
+    assert correctness_reward(right, partial) == 1.0
+    assert correctness_reward(wrong, partial) == pytest.approx(0.5 + 0.5 * 0.4)
+
+
+@pytest.fixture
+def wrong_answers_pass_some_checks(monkeypatch):
+    # as a code answer that passes 2 of 5 tests: wrong, with a fractional score
+    module = sys.modules[score_rollout.__module__]
+    real = module.verify
+
+    def verify(task, answer):
+        verdict = real(task, answer)
+        return verdict if verdict.correct else Verdict(False, 0.4, verdict.extracted, "2 of 5")
+
+    monkeypatch.setattr(module, "verify", verify)
+
+
+async def test_partial_credit_counts_in_round_zero_and_in_recursion_rounds(
+    wrong_answers_pass_some_checks,
+):
+    partial = RewardConfig(partial_credit=True, retry_delay_s=0.0)
+    wrong = workflow_text([1], [Q], [[]])
+    assert (await score(wrong, FakePool([TASK]), partial)).correctness == pytest.approx(0.7)
+    pool = FakePool([TASK])
+    r0 = await score(workflow_text([0], [Q], [[]]), pool, partial)
+    assert r0.correctness == 1.0
+    out = await score_recursion_round(
+        r0, "", TASK, wrong, pool, 3, pool.names, PromptConfig(few_shot=[]), partial, 0.25
+    )
+    assert not out.recursion_kept and out.recursion_reward == pytest.approx(0.7)
+    assert out.reward == pytest.approx(0.75 * 1.0 + 0.25 * 0.7)

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from conductor_pipeline.tasks import Task, verify
+from conductor_pipeline.tasks import Task, Verdict, verify
 from conductor_pipeline.training.configs import RewardConfig
 from conductor_pipeline.workers.types import WorkerCaller
 from conductor_pipeline.workflow import (
@@ -69,6 +69,7 @@ __all__ = [
     "RolloutStats",
     "ScoredBatch",
     "completion_text",
+    "correctness_reward",
     "infra_failure",
     "routing_metrics",
     "score_rollout",
@@ -164,6 +165,19 @@ def _list_cost(
         else:
             total += step.cost_usd
     return total
+
+
+def correctness_reward(verdict: Verdict, config: RewardConfig) -> float:
+    """The correctness part of the reward for a verified answer, in every round.
+
+    ``correct`` or ``wrong``; with ``partial_credit`` a wrong answer's fractional score
+    (e.g. the share of code tests passed) interpolates between the two.
+    """
+    if verdict.correct:
+        return config.correct
+    if config.partial_credit:
+        return config.wrong + (config.correct - config.wrong) * float(verdict.score)
+    return config.wrong
 
 
 def _cost_penalty(result: ExecutionResult, list_cost: float, config: RewardConfig) -> float:
@@ -296,10 +310,7 @@ async def score_rollout(
     verdict = await asyncio.to_thread(verify, task, result.answer)
     score.verdict = verdict.reason
     score.correct = bool(verdict.correct)
-    if config.partial_credit and not verdict.correct:
-        value = config.wrong + (config.correct - config.wrong) * float(verdict.score)
-    else:
-        value = config.correct if verdict.correct else config.wrong
+    value = correctness_reward(verdict, config)
     score.correctness = value
     score.cost_penalty = _cost_penalty(result, list_cost, config)
     score.reward = value - score.cost_penalty
@@ -381,9 +392,8 @@ async def score_recursion_round(
         if reason is not None:
             round0.masked, round0.mask_reason, round0.reward = True, f"recursion: {reason}", None
             return round0
-        answer = result.answer
-        verdict = await asyncio.to_thread(verify, task, answer)
-        r1 = config.correct if verdict.correct else config.wrong
+        verdict = await asyncio.to_thread(verify, task, result.answer)
+        r1 = correctness_reward(verdict, config)
         round0.cost_penalty += _cost_penalty(result, list_cost, config)
     assert round0.correctness is not None and r1 is not None
     round0.recursion_reward = r1
