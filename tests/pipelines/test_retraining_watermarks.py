@@ -7,12 +7,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conductor_pipeline.pipelines.retraining.watermarks import MlflowWatermarks, watermark_store
-from conductor_pipeline.tasks.sources.dropfolder import (
-    FileWatermarks,
-    WatermarkSettings,
-    commit,
-    read_drop_folder,
-)
+from conductor_pipeline.tasks.sources.dropfolder import FileWatermarks, commit, read_drop_folder
+from conductor_pipeline.tasks.sources.growing import WatermarkSettings
 
 
 def test_watermarks_are_experiment_tags_shared_by_every_client(tmp_path):

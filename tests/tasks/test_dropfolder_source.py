@@ -17,14 +17,12 @@ from conductor_pipeline.serving.feedback import FeedbackStore, parse_feedback
 from conductor_pipeline.tasks.sources.benchmarks import read_local_rows
 from conductor_pipeline.tasks.sources.dropfolder import (
     FileWatermarks,
-    collect_sources,
     commit,
-    commit_all,
     iso_date,
     livecodebench_window,
     read_drop_folder,
-    sources_settings,
 )
+from conductor_pipeline.tasks.sources.growing import collect_sources, commit_all, sources_settings
 
 REPO = Path(__file__).resolve().parents[2]
 LCB_FIXTURE = REPO / "tests" / "fixtures" / "benchmarks" / "livecodebench.jsonl"
@@ -256,3 +254,20 @@ def test_two_scheduled_runs_the_second_with_nothing_new(tmp_path):
     assert second.unchanged and second.report()["unchanged"] and commit_all(store, second) == []
     feedback.submit(parse_feedback({"request_id": "r2", "verdict": "right"}))  # a retry: same
     assert collect_sources(settings, store, root=tmp_path, test_questions=[]).unchanged
+
+
+def test_no_source_brings_a_test_question_or_a_question_twice(tmp_path):
+    drop = tmp_path / "data" / "01_raw" / "drop"
+    write(
+        drop / "a.jsonl",
+        line("Compute 9 + 9.", "18"),  # a test-split question
+        line("Compute 1 + 2.", "3"),
+    )
+    write(drop / "b.jsonl", line("compute 1 + 2", "3", id="again"))  # same question, other file
+    settings = sources_settings({"drop_folder": {"enabled": True}})
+    store = FileWatermarks(tmp_path / "w.json")
+    collected = collect_sources(settings, store, root=tmp_path, test_questions=["COMPUTE 9+9"])
+    assert [t.question for t in collected.tasks()] == ["Compute 1 + 2."]
+    [report] = collected.report()["sources"]
+    assert report["in_test_split"] == 1 and report["repeated_in_run"] == 1
+    assert report["tasks"] == 1 and not report["unchanged"]

@@ -18,11 +18,8 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_EXPERIMENT_TAG_VAL_LENGTH
 
 from conductor_pipeline.paths import mlflow_tracking_uri, project_root
-from conductor_pipeline.tasks.sources.dropfolder import (
-    FileWatermarks,
-    WatermarkSettings,
-    WatermarkStore,
-)
+from conductor_pipeline.tasks.sources.dropfolder import FileWatermarks, WatermarkStore
+from conductor_pipeline.tasks.sources.growing import WatermarkSettings
 
 TAG_PREFIX = "watermark."
 

@@ -17,7 +17,8 @@ digest of them. A run reads each file from there, up to its last complete line (
 still being written is taken up to its last newline); a new file is read whole. A file whose
 taken part changed (rewritten, not appended to) is read again from the start and reported
 in ``summary.rewritten``. With ``date_field``, rows are also windowed by that field
-(``start_date``/``end_date``, inclusive ISO dates); rows outside are counted, not taken.
+(``start_date``/``end_date``, inclusive ISO dates); rows outside are counted and passed
+over for good (the position moves past them, as past every line read).
 
 **LiveCodeBench** (:func:`livecodebench_window`): rows of the hub schema (``contest_date``
 on each), mapped by the benchmark's own ``livecodebench_task``. The watermark is the latest
@@ -26,6 +27,7 @@ window). LiveCodeBench's releases add contests after the previous release's last
 is what makes a date a sound position for it.
 
 ``Batch.unchanged`` is true when nothing new was found: the run then trains on nothing new.
+``conductor_pipeline.tasks.sources.growing`` reads every configured source at once.
 """
 
 from __future__ import annotations
@@ -36,13 +38,11 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from conductor_pipeline.tasks.sources import benchmarks
 from conductor_pipeline.tasks.sources.benchmarks import livecodebench_task
-from conductor_pipeline.tasks.sources.traffic import load_traffic
 from conductor_pipeline.tasks.types import Task
 
 _DIGEST_CHARS = 16
@@ -357,217 +357,3 @@ def livecodebench_window(
             batch.tasks.append(task)
         batch.watermark = date
     return batch
-
-
-# ------------------------------------------------------------------------------ settings
-
-
-@dataclass(frozen=True)
-class TrafficSourceSettings:
-    """``retraining_sources.traffic``: the capture folder the Conductor API writes."""
-
-    enabled: bool = False
-    path: str = "data/01_raw/traffic"
-    domain: str = "traffic"
-    difficulty: str = "medium"
-
-
-@dataclass(frozen=True)
-class DropFolderSettings:
-    """``retraining_sources.drop_folder``."""
-
-    enabled: bool = False
-    path: str = "data/01_raw/drop"
-    pattern: str = "*.jsonl"
-    date_field: str | None = None
-    start_date: Any = None
-    end_date: Any = None
-    domain: str = "drop"
-    difficulty: str = "medium"
-
-
-@dataclass(frozen=True)
-class LiveCodeBenchWindowSettings:
-    """``retraining_sources.livecodebench``: ``data_files`` is a local copy in the hub
-    schema; null reads the hub (which must be reachable, or in the cache offline)."""
-
-    enabled: bool = False
-    data_files: Any = None
-    version: str = "release_v6"
-    start_date: Any = None
-    end_date: Any = None
-    include_functional: bool = True
-    private_tests: bool = True
-
-
-@dataclass(frozen=True)
-class WatermarkSettings:
-    """``retraining_sources.watermarks``: ``mlflow`` (experiment tags) or ``file``."""
-
-    store: str = "mlflow"
-    experiment: str = "conductor-retraining"
-    path: str = "data/retraining_watermarks.json"
-
-
-@dataclass(frozen=True)
-class SourcesSettings:
-    watermarks: WatermarkSettings = field(default_factory=WatermarkSettings)
-    traffic: TrafficSourceSettings = field(default_factory=TrafficSourceSettings)
-    drop_folder: DropFolderSettings = field(default_factory=DropFolderSettings)
-    livecodebench: LiveCodeBenchWindowSettings = field(default_factory=LiveCodeBenchWindowSettings)
-
-
-_PREFIX = "retraining_sources"
-
-
-def _section(cls: type, params: Any, name: str) -> Any:
-    if params is None:
-        return cls()
-    if not isinstance(params, Mapping):
-        raise ValueError(f"{_PREFIX}.{name}: must be a mapping")
-    known = {f.name: f for f in fields(cls)}
-    unknown = set(params) - set(known)
-    if unknown:
-        raise ValueError(
-            f"{_PREFIX}.{name}: unknown key(s) {sorted(unknown)}; expected {sorted(known)}"
-        )
-    for key, value in params.items():
-        default = known[key].default
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ValueError(f"{_PREFIX}.{name}.{key}: must be true or false, got {value!r}")
-        if isinstance(default, str) and not (isinstance(value, str) and value.strip()):
-            raise ValueError(f"{_PREFIX}.{name}.{key}: must be a non-empty string, got {value!r}")
-        if key in ("start_date", "end_date") and value is not None and iso_date(value) is None:
-            raise ValueError(f"{_PREFIX}.{name}.{key}: not an ISO date, got {value!r}")
-    return cls(**params)
-
-
-def sources_settings(params: Mapping[str, Any] | None) -> SourcesSettings:
-    """The ``retraining_sources`` mapping, validated; every error names the key."""
-    params = dict(params or {})
-    known = {f.name for f in fields(SourcesSettings)}
-    unknown = set(params) - known
-    if unknown:
-        raise ValueError(f"{_PREFIX}: unknown key(s) {sorted(unknown)}; expected {sorted(known)}")
-    settings = SourcesSettings(
-        watermarks=_section(WatermarkSettings, params.get("watermarks"), "watermarks"),
-        traffic=_section(TrafficSourceSettings, params.get("traffic"), "traffic"),
-        drop_folder=_section(DropFolderSettings, params.get("drop_folder"), "drop_folder"),
-        livecodebench=_section(
-            LiveCodeBenchWindowSettings, params.get("livecodebench"), "livecodebench"
-        ),
-    )
-    if settings.watermarks.store not in ("mlflow", "file"):
-        raise ValueError(
-            f"{_PREFIX}.watermarks.store: must be 'mlflow' or 'file', "
-            f"got {settings.watermarks.store!r}"
-        )
-    return settings
-
-
-# ------------------------------------------------------------------------------ all sources
-
-
-@dataclass
-class Collected:
-    """One run's take from every enabled source: a batch per source (traffic's training
-    tasks among them) and traffic's evaluation slice."""
-
-    batches: list[Batch] = field(default_factory=list)
-    evaluation: list[dict[str, Any]] = field(default_factory=list)
-
-    def tasks(self) -> list[Task]:
-        return [task for batch in self.batches for task in batch.tasks]
-
-    @property
-    def unchanged(self) -> bool:
-        """Nothing new anywhere: no task and no evaluation row."""
-        return not self.evaluation and all(batch.unchanged for batch in self.batches)
-
-    def report(self) -> dict[str, Any]:
-        return {
-            "unchanged": self.unchanged,
-            "tasks": len(self.tasks()),
-            "evaluation_rows": len(self.evaluation),
-            "sources": [batch.report() for batch in self.batches],
-        }
-
-
-def _path(root: Path, value: str) -> Path:
-    path = Path(value)
-    return path if path.is_absolute() else root / path
-
-
-def collect_sources(
-    settings: SourcesSettings,
-    store: WatermarkStore,
-    *,
-    root: str | Path,
-    test_questions: Iterable[str],
-) -> Collected:
-    """Read each enabled source from its stored watermark. Nothing is written: call
-    :func:`commit_all` once the run that used the result has succeeded."""
-    root = Path(root)
-    out = Collected()
-    if settings.traffic.enabled:
-        previous = store.read("traffic")
-        found = load_traffic(
-            _path(root, settings.traffic.path),
-            test_questions,
-            since=previous,
-            domain=settings.traffic.domain,
-            difficulty=settings.traffic.difficulty,
-        )
-        out.batches.append(
-            Batch(
-                source="traffic",
-                tasks=found.train,
-                previous=previous,
-                watermark=found.watermark or previous,
-                summary=found.summary,
-            )
-        )
-        out.evaluation.extend(found.evaluation)
-    drop = settings.drop_folder
-    if drop.enabled:
-        out.batches.append(
-            read_drop_folder(
-                _path(root, drop.path),
-                store.read("drop_folder"),
-                pattern=drop.pattern,
-                domain=drop.domain,
-                difficulty=drop.difficulty,
-                date_field=drop.date_field,
-                start_date=drop.start_date,
-                end_date=drop.end_date,
-            )
-        )
-    lcb = settings.livecodebench
-    if lcb.enabled:
-        out.batches.append(
-            livecodebench_window(
-                _livecodebench_rows(lcb, root),
-                store.read("livecodebench"),
-                start_date=lcb.start_date,
-                end_date=lcb.end_date,
-                include_functional=lcb.include_functional,
-                private_tests=lcb.private_tests,
-            )
-        )
-    return out
-
-
-def _livecodebench_rows(lcb: LiveCodeBenchWindowSettings, root: Path) -> list[dict[str, Any]]:
-    if lcb.data_files is not None:
-        files = [lcb.data_files] if isinstance(lcb.data_files, str) else list(lcb.data_files)
-        return benchmarks.read_local_rows([_path(root, str(f)) for f in files])
-    urls = [
-        f"hf://datasets/livecodebench/code_generation_lite/{name}"
-        for name in benchmarks.livecodebench_files(lcb.version)
-    ]
-    return benchmarks._hub_rows("livecodebench", "json", data_files={"test": urls}, split="test")
-
-
-def commit_all(store: WatermarkStore, collected: Collected) -> list[str]:
-    """Store every batch's watermark that moved; returns the sources whose mark moved."""
-    return [batch.source for batch in collected.batches if commit(store, batch)]
