@@ -136,6 +136,19 @@ def test_a_version_from_the_champions_training_run_changes_nothing(registry):
     assert again["decision"] == "unchanged" and "already the champion" in again["reasons"][0]
 
 
+def test_a_champion_without_figures_keeps_its_place(registry):
+    """A champion set by hand (no evaluation.figures) cannot be compared: the challenger is
+    refused with the way out named, and the champion stays."""
+    first, second, _ = registry
+    mlflow.MlflowClient().set_registered_model_alias("conductor", "champion", first)
+    decision = promote(second, summary(0.9))
+    assert decision["decision"] == "refused" and decision["champion"] == first
+    assert "has no recorded figures" in decision["reasons"][0]
+    assert "conductor promote --version " + second in tags(second)["promotion.reason"]
+    assert decision["figures"]["champion"] is None
+    assert promotion.current_versions() == {"champion": first, "challenger": second}
+
+
 def test_cli_promote_version_from_recorded_figures_and_rollback(registry, monkeypatch, capsys):
     monkeypatch.setenv("CONDUCTOR_PROJECT_ROOT", str(REPO))  # the gates of conf/base
     first, second, third = registry

@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 _KNOWN_KEYS = {"gates", "champion_system", "require_same_test_questions"}
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def _settings(params: dict[str, Any]) -> tuple[Gates, str, bool]:
     params = dict(params or {})
     unknown = set(params) - _KNOWN_KEYS
@@ -92,7 +96,7 @@ def _tag_version(version: str, decision: str, reason: str) -> None:
     for key, value in {
         "promotion.decision": decision,
         "promotion.reason": reason[:5000],
-        "promotion.decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "promotion.decided_at": _now(),
     }.items():
         client.set_model_version_tag(promotion.REGISTERED_MODEL, version, key, value)
 
@@ -114,7 +118,7 @@ def _outcome(version: str, decision: str, reasons: list[str], **extra: Any) -> d
         "reasons": reasons,
         "champion": current[promotion.CHAMPION],
         "challenger": current[promotion.CHALLENGER],
-        "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "decided_at": _now(),
         **extra,
     }
 
@@ -159,49 +163,32 @@ def evaluated_version(evaluation_run_info: dict[str, Any]) -> str | None:
     return match.group(1) if match else None
 
 
-def promote_challenger(
-    evaluation_summary: pd.DataFrame,
-    evaluation_run_info: dict[str, Any],
-    evaluation_results: pd.DataFrame,
-    params: dict[str, Any],
-) -> dict[str, Any]:
-    """Mark the version the evaluation measured ``challenger`` (in the default and retraining
-    pipelines: the version training just registered), gate it against the champion, record
-    the decision on the version (``promotion.*`` tags), move ``champion`` if it passed.
-    Returns the decision record shown in the evaluation report.
+def _skipped(evaluation_run_info: dict[str, Any], before: dict[str, str | None]) -> dict[str, Any]:
+    """The record of an evaluation that measured no registered version: nothing to decide."""
+    variant = (evaluation_run_info or {}).get("conductor_variant") or "nothing named"
+    reason = (
+        f"nothing to promote: the evaluation measured {variant} as 'conductor', not a "
+        f"registered version of {promotion.REGISTERED_MODEL}"
+    )
+    logger.warning("promotion: %s", reason)
+    return {
+        "version": None,
+        "decision": "skipped",
+        "promote": False,
+        "reasons": [reason],
+        "champion": before[promotion.CHAMPION],
+        "challenger": before[promotion.CHALLENGER],
+        "previous_champion": before[promotion.CHAMPION],
+        "decided_at": _now(),
+    }
 
-    The version comes from the evaluation run info rather than from training's output, so
-    the figures are always those of the version decided on, and ``kedro run --pipelines
-    promotion`` decides on whatever the last evaluation measured."""
-    gates, champion_system, require_same = _settings(params)
-    version = evaluated_version(evaluation_run_info)
-    before = promotion.current_versions()
-    champion = before[promotion.CHAMPION]
-    if version is None:
-        variant = (evaluation_run_info or {}).get("conductor_variant") or "nothing named"
-        reason = (
-            f"nothing to promote: the evaluation measured {variant} as 'conductor', not a "
-            f"registered version of {promotion.REGISTERED_MODEL}"
-        )
-        logger.warning("promotion: %s", reason)
-        return {
-            "version": None,
-            "decision": "skipped",
-            "promote": False,
-            "reasons": [reason],
-            "champion": champion,
-            "challenger": before[promotion.CHALLENGER],
-            "previous_champion": champion,
-            "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-    if champion == version:
-        reasons = [f"conductor/{version} is already the champion; nothing to decide"]
-        return _outcome(version, "unchanged", reasons, previous_champion=champion)
-    promotion.mark_challenger(version)
-    variant = f"conductor/{version}"
 
-    results = evaluation_results if isinstance(evaluation_results, pd.DataFrame) else None
-    challenger = figures_from_summary(evaluation_summary, "conductor", results)
+def _record_challenger(
+    version: str, summary: pd.DataFrame, results: pd.DataFrame | None
+) -> tuple[Figures, str]:
+    """The challenger's figures from the summary, recorded on its version (with the test
+    questions' fingerprint, also returned) so that a later run can compare against them."""
+    challenger = figures_from_summary(summary, "conductor", results)
     if challenger is None:
         raise ValueError("evaluation summary has no 'conductor' row")
     test_questions = test_questions_fingerprint(results)
@@ -210,34 +197,45 @@ def promote_challenger(
         challenger,
         {
             "test_questions": test_questions,
-            "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "conductor_variant": variant,
+            "evaluated_at": _now(),
+            "conductor_variant": f"conductor/{version}",
         },
     )
+    return challenger, test_questions
 
-    tags = _version_tags(version)
-    champion_tags = _version_tags(champion)
-    fingerprint = tags.get("run_fingerprint")
-    if champion and fingerprint and fingerprint == champion_tags.get("run_fingerprint"):
-        reason = (
-            f"conductor/{version} comes from the same training run (fingerprint "
-            f"{fingerprint}) as the champion conductor/{champion}: nothing new to promote"
-        )
-        _tag_version(version, "unchanged", reason)
-        return _outcome(
-            version,
-            "unchanged",
-            [reason],
-            previous_champion=champion,
-            figures={"challenger": vars(challenger), "champion": None},
-            gates=vars(gates),
-        )
 
-    champion_figs, source, same = (None, "", True)
+def _same_training_run(version: str, champion: str | None) -> str | None:
+    """Why ``version`` brings nothing new (it comes from the champion's training run), or
+    ``None``: a retraining that resumed a finished run registers the same adapter again."""
+    fingerprint = _version_tags(version).get("run_fingerprint")
+    if not (champion and fingerprint):
+        return None
+    if fingerprint != _version_tags(champion).get("run_fingerprint"):
+        return None
+    return (
+        f"conductor/{version} comes from the same training run (fingerprint "
+        f"{fingerprint}) as the champion conductor/{champion}: nothing new to promote"
+    )
+
+
+def _gate_against_champion(
+    version: str,
+    champion: str | None,
+    challenger: Figures,
+    test_questions: str,
+    summary: pd.DataFrame,
+    results: pd.DataFrame | None,
+    settings: tuple[Gates, str, bool],
+) -> dict[str, Any]:
+    """Decide with the gates against the champion's figures (from this evaluation or those
+    recorded on the champion) and apply the decision; refuse when the champion has none."""
+    gates, champion_system, require_same = settings
+    champion_figs, source, same = None, "", True
     notes: list[str] = []
+    challenger_only = {"challenger": vars(challenger), "champion": None}
     if champion:
         champion_figs, source, same = champion_figures(
-            champion, evaluation_summary, results, champion_system, test_questions
+            champion, summary, results, champion_system, test_questions
         )
         notes.append(f"champion figures: {source}")
         if champion_figs is None:
@@ -251,7 +249,7 @@ def promote_challenger(
                 "refused",
                 [reason],
                 previous_champion=champion,
-                figures={"challenger": vars(challenger), "champion": None},
+                figures=challenger_only,
                 gates=vars(gates),
             )
     decision = promotion.decide(challenger, champion_figs, gates)
@@ -268,14 +266,53 @@ def promote_challenger(
         applied["promotion.decision"],
         decision.reasons,
         previous_champion=champion,
-        figures={
-            "challenger": vars(challenger),
-            "champion": vars(champion_figs) if champion_figs else None,
-        },
+        figures={**challenger_only, "champion": vars(champion_figs) if champion_figs else None},
         champion_source=source or None,
         checks=decision.checks,
         gates=vars(gates),
         test_questions=test_questions,
+    )
+
+
+def promote_challenger(
+    evaluation_summary: pd.DataFrame,
+    evaluation_run_info: dict[str, Any],
+    evaluation_results: pd.DataFrame,
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    """Mark the version the evaluation measured ``challenger`` (in the default and retraining
+    pipelines: the version training just registered), gate it against the champion, record
+    the decision on the version (``promotion.*`` tags), move ``champion`` if it passed.
+    Returns the decision record shown in the evaluation report.
+
+    The version comes from the evaluation run info rather than from training's output, so
+    the figures are always those of the version decided on, and ``kedro run --pipelines
+    promotion`` decides on whatever the last evaluation measured."""
+    settings = _settings(params)
+    version = evaluated_version(evaluation_run_info)
+    before = promotion.current_versions()
+    champion = before[promotion.CHAMPION]
+    if version is None:
+        return _skipped(evaluation_run_info, before)
+    if champion == version:
+        reasons = [f"conductor/{version} is already the champion; nothing to decide"]
+        return _outcome(version, "unchanged", reasons, previous_champion=champion)
+    promotion.mark_challenger(version)
+    results = evaluation_results if isinstance(evaluation_results, pd.DataFrame) else None
+    challenger, test_questions = _record_challenger(version, evaluation_summary, results)
+    same_run = _same_training_run(version, champion)
+    if same_run is not None:
+        _tag_version(version, "unchanged", same_run)
+        return _outcome(
+            version,
+            "unchanged",
+            [same_run],
+            previous_champion=champion,
+            figures={"challenger": vars(challenger), "champion": None},
+            gates=vars(settings[0]),
+        )
+    return _gate_against_champion(
+        version, champion, challenger, test_questions, evaluation_summary, results, settings
     )
 
 
