@@ -270,6 +270,25 @@ def test_retention_by_age_and_count_applies_at_start_up(tmp_path):
     assert not counted.contains("r2")
 
 
+def test_a_second_process_finds_requests_the_first_wrote(tmp_path, monkeypatch):
+    """Two servers on one folder: ids the other wrote are found by reading only what it
+    appended; a rotation by the other makes the store read everything again."""
+    one = store(tmp_path, max_file_bytes=4096, keep_files=3, max_age_days=None)
+    one.append(capture_record("q0", "a", conductor("r0")))
+    two = store(tmp_path, max_file_bytes=4096, keep_files=3, max_age_days=None)
+    full_reads = []
+    real_reload = two._reload_ids
+    monkeypatch.setattr(two, "_reload_ids", lambda: (full_reads.append(1), real_reload()))
+    one.append(capture_record("q1", "a", conductor("r1")))
+    assert two.contains("r1") and full_reads == []
+    assert not two.contains("r-unknown") and not two.contains("r-unknown")
+    assert full_reads == []  # unknown ids cost no full re-read
+    for n in range(30):  # one rotates the file under two
+        one.append(capture_record(f"question {n} " + "x" * 200, "a", conductor(f"s{n}")))
+    assert two.contains("s29") and full_reads == [1]
+    assert two.contains("r1") == one.contains("r1")
+
+
 # ------------------------------------------------------------------------------ redaction
 
 

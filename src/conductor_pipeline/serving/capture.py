@@ -259,6 +259,7 @@ class CaptureStore:
         self._redact = load_redactor(settings.redact)
         self._thread_lock = threading.Lock()
         self._ids: set[str] = set()
+        self._position: tuple[int, int] | None = None  # (inode, bytes read) of requests.jsonl
         self._file_lock: FileLock | None = None
         if settings.enabled:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -330,23 +331,57 @@ class CaptureStore:
         return await asyncio.to_thread(self.append, record)
 
     def contains(self, request_id: str) -> bool:
-        """Whether a request with this id is in the store; a miss re-reads the files once,
-        since another server process may have written it."""
+        """Whether a request with this id is in the store. A miss first reads what other
+        server processes appended since the last look (the whole store only when a file was
+        rotated or rewritten), so an unknown id costs no full re-read."""
         if not self.enabled:
             return False
         with self._thread_lock:
             if request_id in self._ids:
                 return True
         with self._locked():
-            self._reload_ids()
+            self._catch_up()
             return request_id in self._ids
+
+    def _catch_up(self) -> None:
+        try:
+            status = os.stat(self.current)
+        except FileNotFoundError:
+            if self._position is not None:
+                self._reload_ids()
+            return
+        inode, offset = self._position or (None, 0)
+        if status.st_ino != inode or status.st_size < offset:
+            self._reload_ids()
+            return
+        with self.current.open("rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            try:
+                request_id = json.loads(line).get("request_id")
+            except (ValueError, AttributeError):
+                continue
+            if request_id:
+                self._ids.add(str(request_id))
+        self._position = (inode, offset + len(complete))
 
     def records(self) -> list[dict[str, Any]]:
         """Every kept record, oldest first."""
         return read_records(self.folder, REQUESTS_STEM)[0]
 
     def _reload_ids(self) -> None:
+        """Every id in the store, and where the current file was read up to (locks held)."""
         self._ids = {str(r.get("request_id")) for r in self.records() if r.get("request_id")}
+        try:
+            status = os.stat(self.current)
+        except FileNotFoundError:
+            self._position = None
+            return
+        with self.current.open("rb") as handle:
+            data = handle.read()
+        self._position = (status.st_ino, data.rfind(b"\n") + 1)
 
     def _rotate(self) -> None:
         """requests.jsonl -> requests.1.jsonl, .1 -> .2, ...; beyond keep_files: deleted."""
