@@ -15,6 +15,7 @@ from conductor_pipeline.tasks import Task, verify
 from conductor_pipeline.tasks.sources.traffic import (
     load_traffic,
     reference_verifier,
+    slice_tasks,
     traffic_tasks,
 )
 from conductor_pipeline.tasks.splits import deduplicate
@@ -85,6 +86,8 @@ def test_verdicts_and_scores_make_the_evaluation_slice():
     assert rows["r4"]["verdict"] == "wrong" and rows["r4"]["task"] is None
     assert rows["r4"]["served_answer"] == "41"
     assert rows["r5"]["score"] == 0.5 and rows["r5"]["task"] is None
+    evaluation = traffic_tasks(CAPTURED, FEEDBACK, TEST_SPLIT).evaluation
+    assert slice_tasks(evaluation) == [right]  # what a new version can be scored on
 
 
 def test_test_split_questions_repeats_and_uncaptured_feedback_are_left_out():

@@ -318,6 +318,13 @@ def _add_row(
     out.evaluation.append(row)
 
 
+def slice_tasks(evaluation: Iterable[Mapping[str, Any]]) -> list[Task]:
+    """The verifiable part of an evaluation slice: the tasks of its ``right`` verdicts
+    (reference = the accepted served answer), in the slice's order; the rest (``wrong``
+    verdicts, scores) has no reference to check a new answer against."""
+    return [Task.from_record(row["task"]) for row in evaluation if row.get("task")]
+
+
 def load_traffic(
     folder: str | Path,
     test_questions: Iterable[str],
