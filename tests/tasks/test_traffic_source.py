@@ -40,7 +40,12 @@ def feedback(request_id: str, time: str, **content: Any) -> dict[str, Any]:
 
 CAPTURED = [
     request("r1", "Compute 17 + 25.", "42", "2026-12-01T10:00:00.000000Z"),
-    request("r2", "Name the largest planet.", "Jupiter", "2026-12-01T10:01:00.000000Z"),
+    request(
+        "r2",
+        "Name the largest planet.",
+        "It is this one.\nAnswer: Jupiter",
+        "2026-12-01T10:01:00.000000Z",
+    ),
     request("r3", "what is the capital of FRANCE", "Paris", "2026-12-01T10:02:00.000000Z"),
     request("r4", "Compute 6 * 7.", "41", "2026-12-01T10:03:00.000000Z"),
     request("r5", "Rate this haiku.", "7/10", "2026-12-01T10:04:00.000000Z"),
@@ -81,7 +86,8 @@ def test_verdicts_and_scores_make_the_evaluation_slice():
     }
     assert sorted(rows) == ["r2", "r4", "r5"]
     right = Task.from_record(rows["r2"]["task"])
-    assert right.answer == "Jupiter" and right.verifier == "exact"
+    assert right.answer == "Jupiter" and right.verifier == "exact"  # the stated final answer
+    assert right.metadata["served_answer"].startswith("It is this one.")
     assert verify(right, "Answer: Jupiter").correct
     assert rows["r4"]["verdict"] == "wrong" and rows["r4"]["task"] is None
     assert rows["r4"]["served_answer"] == "41"

@@ -12,7 +12,8 @@ them). This module reads those files and turns them into:
   other source;
 - **an evaluation slice**: requests that received only a verdict (``right``/``wrong``) or a
   score. A ``right`` verdict makes the served answer the accepted one, so such a row also
-  carries a task whose reference is that answer (reward by answer matching); ``wrong``
+  carries a task whose reference is that answer's stated final answer (boxed, after an
+  "Answer:" marker, else its last line; reward by answer matching); ``wrong``
   verdicts and scores are kept as figures about the served version.
 
 A question whose normalised text is in the test split is dropped from both: training on it
@@ -41,6 +42,7 @@ from typing import Any
 from conductor_pipeline.tasks.sources._common import looks_numeric
 from conductor_pipeline.tasks.splits import normalise_question
 from conductor_pipeline.tasks.types import ANSWER_FORMATS, VERIFIERS, Task
+from conductor_pipeline.tasks.verifiers import extract_final_answer
 
 REQUESTS_STEM = "requests"
 FEEDBACK_STEM = "feedback"
@@ -310,10 +312,12 @@ def _add_row(
         "task": None,
     }
     served = metadata["served_answer"]
-    if verdict == "right" and isinstance(served, str) and served.strip():
-        # the accepted answer is the one served: later versions are matched against it
+    accepted = extract_final_answer(served, "text") if isinstance(served, str) else None
+    if verdict == "right" and accepted:
+        # the accepted answer is the one served (its stated final answer, as verifiers read
+        # it): later versions are matched against it
         row["task"] = _task(
-            request_id, question, served, None, None, metadata, defaults
+            request_id, question, accepted, None, None, metadata, defaults
         ).to_record()
     out.evaluation.append(row)
 
