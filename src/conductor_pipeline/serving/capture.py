@@ -20,8 +20,10 @@ anything is written.
 
 Writes: one line per request under a thread lock and a file lock (several server processes
 may share the folder), flushed and, with ``fsync: true`` (the default), fsynced before the
-append returns, so an acknowledged request survives a crash; a line cut short by a crash is
-skipped by the reader. When the file would pass ``max_file_bytes`` it is rotated
+append returns, so a captured line survives a crash (the folder's entries, i.e. a file's
+creation or rotation, are not fsynced: a crash right after one may lose that file's first
+line); a line cut short by a crash is skipped by the reader and the next append starts on a
+fresh line. ``append_async`` runs the write in a worker thread, off the event loop. When the file would pass ``max_file_bytes`` it is rotated
 (``requests.1.jsonl`` is the newest rotated file; ``keep_files`` of them are kept). At
 start-up and at each rotation the retention limits apply: records older than
 ``max_age_days`` are dropped, then all but the newest ``max_records``.
