@@ -191,3 +191,17 @@ def test_capture_retention_applies_to_feedback_at_start_up(tmp_path):
         clock=lambda: now,
     )
     assert [r["request_id"] for r in kept.records()] == ["new"]
+
+
+def test_a_secret_quoted_in_feedback_is_masked_and_a_retry_is_still_the_same(tmp_path):
+    secret = "sk-feedback-secret-0a1b2c3d"
+    capture = CaptureStore(
+        CaptureSettings(enabled=True, path="capture"), tmp_path, secrets=[secret]
+    )
+    capture.append(capture_record("q", "a", {"request_id": "r1", "steps": []}))
+    feedback = FeedbackStore(capture)
+    body = {"request_id": "r1", "verdict": "wrong", "comment": f"it printed {secret}"}
+    feedback.submit(parse_feedback(body))
+    assert feedback.submit(parse_feedback(body))[1]["duplicate"]
+    text = (tmp_path / "capture" / "feedback.jsonl").read_text()
+    assert secret not in text and "it printed ***" in text

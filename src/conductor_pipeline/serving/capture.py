@@ -274,6 +274,11 @@ class CaptureStore:
     def enabled(self) -> bool:
         return self.settings.enabled
 
+    @property
+    def secrets(self) -> list[str]:
+        """The values masked in every record (longest first)."""
+        return list(self._secrets)
+
     def describe(self) -> dict[str, Any]:
         """For ``/ready`` or ``/v1/models``: whether questions are kept, where, how long."""
         s = self.settings

@@ -11,7 +11,8 @@ A body names the ``request_id`` of an earlier completion (the ``id`` of the resp
   one with the served answer as the accepted answer);
 - ``score``: a number from 0 to 1; evaluation slice.
 
-Optional ``comment`` (at most 2000 characters) is stored with it. Unknown fields, wrong
+Optional ``comment`` (at most 2000 characters) is stored with it; known secret values are
+masked in what is stored, as in captured records. Unknown fields, wrong
 types (nothing is coerced: ``"0.5"`` is not a score) and non-finite numbers are refused with
 a 400 whose ``param`` names the field.
 
@@ -48,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from conductor_pipeline.serving.capture import (
     CaptureStore,
     _BothLocks,
+    _plain,
     append_line,
     parse_time,
     rewrite,
@@ -217,7 +219,8 @@ class FeedbackStore:
                 param="request_id",
                 code="unknown_request_id",
             )
-        content = feedback.content()
+        # known secrets are masked as in captured records (a comment may quote one)
+        content = _plain(feedback.content(), self.capture.secrets if self.capture else [])
         with self._locks:
             self._catch_up()
             earlier = self._stored.get(feedback.request_id)
