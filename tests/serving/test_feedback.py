@@ -11,7 +11,7 @@ import pytest
 
 from conductor_pipeline.serving.capture import CaptureSettings, CaptureStore, capture_record
 from conductor_pipeline.serving.errors import ApiError
-from conductor_pipeline.serving.feedback import FeedbackStore, parse_feedback
+from conductor_pipeline.serving.feedback import FeedbackStore, open_stores, parse_feedback
 from conductor_pipeline.tasks.sources.traffic import read_records
 
 DAY = 86400.0
@@ -205,3 +205,11 @@ def test_a_secret_quoted_in_feedback_is_masked_and_a_retry_is_still_the_same(tmp
     assert feedback.submit(parse_feedback(body))[1]["duplicate"]
     text = (tmp_path / "capture" / "feedback.jsonl").read_text()
     assert secret not in text and "it printed ***" in text
+
+
+def test_open_stores_puts_feedback_next_to_the_capture(tmp_path):
+    capture, feedback = open_stores(
+        CaptureSettings(enabled=True, path="traffic"), tmp_path, secrets=["sk-0123456789"]
+    )
+    assert feedback.path == tmp_path / "traffic" / "feedback.jsonl" and capture.enabled
+    assert capture.secrets == ["sk-0123456789"]

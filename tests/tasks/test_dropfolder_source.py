@@ -14,6 +14,7 @@ import pytest
 from conductor_pipeline.project import load_project_config
 from conductor_pipeline.serving.capture import CaptureSettings, CaptureStore, capture_record
 from conductor_pipeline.serving.feedback import FeedbackStore, parse_feedback
+from conductor_pipeline.tasks import Task
 from conductor_pipeline.tasks.sources.benchmarks import read_local_rows
 from conductor_pipeline.tasks.sources.dropfolder import (
     FileWatermarks,
@@ -22,7 +23,12 @@ from conductor_pipeline.tasks.sources.dropfolder import (
     livecodebench_window,
     read_drop_folder,
 )
-from conductor_pipeline.tasks.sources.growing import collect_sources, commit_all, sources_settings
+from conductor_pipeline.tasks.sources.growing import (
+    collect_sources,
+    commit_all,
+    join_training,
+    sources_settings,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 LCB_FIXTURE = REPO / "tests" / "fixtures" / "benchmarks" / "livecodebench.jsonl"
@@ -271,3 +277,13 @@ def test_no_source_brings_a_test_question_or_a_question_twice(tmp_path):
     [report] = collected.report()["sources"]
     assert report["in_test_split"] == 1 and report["repeated_in_run"] == 1
     assert report["tasks"] == 1 and not report["unchanged"]
+
+
+def test_new_tasks_join_the_training_split_without_repeats():
+    def task(task_id: str, question: str) -> Task:
+        return Task(task_id, "math", "easy", question, "1", "number", "numeric", "s")
+
+    train = [task("a", "Compute 1 + 0."), task("b", "Compute 2 - 1.")]
+    new = [task("n1", "compute 1 + 0"), task("b", "Other question."), task("n2", "Compute 3 - 2.")]
+    joined, left_out = join_training(train, new)
+    assert [t.id for t in joined] == ["a", "b", "n2"] and left_out == ["n1", "b"]

@@ -39,7 +39,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +47,7 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from conductor_pipeline.serving.capture import (
+    CaptureSettings,
     CaptureStore,
     _BothLocks,
     _plain,
@@ -263,3 +264,12 @@ class FeedbackStore:
     def records(self) -> list[dict[str, Any]]:
         """Every stored feedback record, in arrival order."""
         return read_jsonl(self.path)[0] if self.path.exists() else []
+
+
+def open_stores(
+    settings: CaptureSettings, root: str | Path, *, secrets: Iterable[str] = ()
+) -> tuple[CaptureStore, FeedbackStore]:
+    """A server's capture store (``serving.capture``; off: it writes nothing) and the
+    feedback store next to it, with the secret values both mask."""
+    capture = CaptureStore(settings, root, secrets=secrets)
+    return capture, FeedbackStore(capture)

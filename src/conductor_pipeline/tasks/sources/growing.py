@@ -261,3 +261,22 @@ def _livecodebench_rows(lcb: LiveCodeBenchWindowSettings, root: Path) -> list[di
 def commit_all(store: WatermarkStore, collected: Collected) -> list[str]:
     """Store every batch's watermark that moved; returns the sources whose mark moved."""
     return [batch.source for batch in collected.batches if commit(store, batch)]
+
+
+def join_training(train: Iterable[Task], new: Iterable[Task]) -> tuple[list[Task], list[str]]:
+    """The training split with the new tasks after it, less those whose question (or id) it
+    already holds; returns the joined list and the ids left out. The test split is not
+    touched, so the fixed anchor stays what the champion was measured on."""
+    joined = list(train)
+    questions = {normalise_question(task.question) for task in joined}
+    ids = {task.id for task in joined}
+    left_out: list[str] = []
+    for task in new:
+        key = normalise_question(task.question)
+        if key in questions or task.id in ids:
+            left_out.append(task.id)
+            continue
+        questions.add(key)
+        ids.add(task.id)
+        joined.append(task)
+    return joined, left_out
