@@ -24,13 +24,20 @@ def project(tmp_path, monkeypatch):
     return root
 
 
-def _run(root):
+def _run(root, runtime_params=None):
     from kedro.framework.session import KedroSession
     from kedro.framework.startup import bootstrap_project
 
     bootstrap_project(root)
-    with KedroSession.create(project_path=root) as session:
+    with KedroSession.create(project_path=root, runtime_params=runtime_params) as session:
         session.run(pipeline_names=["evaluation"])
+
+
+def _scripted_policies(conductor_params, config, candidate=None):
+    return (
+        PolicyUnderTest(ScriptedConductor(math_worker=1, two_steps=True), "scripted-v1", "test"),
+        PolicyUnderTest(ScriptedConductor(math_worker=3), "scripted-base", "scripted base"),
+    )
 
 
 @pytest.mark.slow
@@ -110,6 +117,44 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
     _run(project)
     info = json.loads((project / "data/08_reporting/evaluation_run_info.json").read_text())
     assert info["pairs_run"] == 0
+
+
+@pytest.mark.slow
+def test_faults_from_runtime_params_change_no_answer(project, monkeypatch):
+    """`kedro run --params "worker_pool.faults..."`: 30 % faults reach the evaluation's pool
+    (the run info says what was injected), and the per-question answers and the summary
+    are those of a run without faults."""
+    from conductor_pipeline.pipelines.evaluation import nodes
+
+    monkeypatch.setattr(nodes, "build_policies", _scripted_policies)
+    rates = {"timeout": 0.1, "rate_limit": 0.1, "provider_error": 0.1}
+    _run(project, {"worker_pool": {"faults": {"seed": 3, "rates": rates}}})
+    info = json.loads((project / "data/08_reporting/evaluation_run_info.json").read_text())
+    injected = info["injected_faults"]
+    assert injected["level"] == "provider" and injected["rates"] == rates
+    assert sum(injected["injected"].values()) > 0
+    assert info["infra_failed_pairs"] == 0
+    faulty = pd.read_parquet(project / "data/08_reporting/evaluation_results.parquet")
+    faulty_summary = pd.read_csv(project / "data/08_reporting/evaluation_summary.csv")
+
+    # the same evaluation without faults, from scratch
+    (project / "data/07_model_output/evaluation/results.jsonl").unlink()
+    (project / "data/03_primary/response_cache.sqlite").unlink()
+    _run(project)
+    info = json.loads((project / "data/08_reporting/evaluation_run_info.json").read_text())
+    assert "injected_faults" not in info and info["pairs_run"] > 0
+    clean = pd.read_parquet(project / "data/08_reporting/evaluation_results.parquet")
+    clean_summary = pd.read_csv(project / "data/08_reporting/evaluation_summary.csv")
+    key = ["system", "split", "question_id"]
+    columns = [*key, "variant", "answer", "correct", "infra_failure"]
+    assert (
+        faulty[columns]
+        .sort_values(key)
+        .reset_index(drop=True)
+        .equals(clean[columns].sort_values(key).reset_index(drop=True))
+    )
+    table = ["system", "n", "accuracy", "ci_low", "ci_high", "infra_failures"]
+    assert faulty_summary[table].equals(clean_summary[table])
 
 
 def test_benchmark_questions_come_from_the_loaders_without_training_overlap():
