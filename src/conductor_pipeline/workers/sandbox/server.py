@@ -7,11 +7,14 @@ reaches real providers (``model="openai/<name>"``, ``api_base=<base_url>``, any 
 * :func:`create_app` builds the FastAPI app (used in-process by tests);
 * :func:`serve` runs it with uvicorn in this process (``conductor sandbox``);
 * :class:`SandboxServer` starts it as a subprocess and stops it again (pipelines, tests).
+
+:func:`create_app` only wires the parts: the endpoints are ``workers.sandbox.handlers``
+(functions over one ``AppState``), the real model's loading and batching is
+``workers.sandbox.real_workers``, and the request schema is ``workers.chat_request``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -23,40 +26,49 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import Field
+from fastapi import FastAPI
 
 from conductor_pipeline.tasks.types import Task
-from conductor_pipeline.workers.chat_request import (
-    ChatRequest,
-    Int64,
-    RequestError,
-    load_json_body,
-    validate_request,
+from conductor_pipeline.workers.sandbox import handlers
+from conductor_pipeline.workers.sandbox.handlers import (
+    OWNED_BY_REAL,
+    OWNED_BY_SIMULATED,
+    AppState,
+    SandboxChatRequest,
 )
 from conductor_pipeline.workers.sandbox.profiles import (
-    RealProfile,
     SandboxProfiles,
     default_profiles_path,
     load_profiles,
     sandbox_pool_config,
 )
-from conductor_pipeline.workers.sandbox.questions import RECOGNISE_PATH, recognise
-from conductor_pipeline.workers.sandbox.simulated import SimulatedWorker, TaskIndex, message_text
+from conductor_pipeline.workers.sandbox.questions import RECOGNISE_PATH
+from conductor_pipeline.workers.sandbox.real_workers import RealWorkers
+from conductor_pipeline.workers.sandbox.simulated import SimulatedWorker, TaskIndex
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "OWNED_BY_REAL",
+    "OWNED_BY_SIMULATED",
+    "AppState",
+    "RealWorkers",
+    "SandboxChatRequest",
+    "SandboxServer",
+    "SandboxStartError",
+    "create_app",
+    "load_tasks",
+    "serve",
+]
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8600
-OWNED_BY_SIMULATED = "sandbox-simulated"
-OWNED_BY_REAL = "sandbox-local"
 _OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -65,133 +77,7 @@ _OFFLINE_ENV = {
 }
 
 
-# --- request schema -----------------------------------------------------------------------
-
-
-class _ChatRequest(ChatRequest):
-    """The shared OpenAI chat request (``workers.chat_request``) with sampling bounds."""
-
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
-    max_tokens: Int64 | None = Field(default=None, ge=1)
-    max_completion_tokens: Int64 | None = Field(default=None, ge=1)
-    n: Int64 | None = Field(default=1, ge=1)
-
-
-def _error(
-    status: int, message: str, *, kind: str, code: str | None = None, param: str | None = None
-) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(status_code=status, content=body)
-
-
 # --- the app ------------------------------------------------------------------------------
-
-
-class _RealWorkers:
-    """Loads SmolLM2 in a background thread and answers its requests in batches.
-
-    Requests that arrive while a batch is generating wait for the next one (at most
-    ``max_batch`` rows), so concurrent callers share the model's forward passes: on two CPU
-    cores a batch of 8 replies costs about as much as 2-3 single ones. Each row keeps its own
-    seed, temperature and token limit (``generate_chat_batch``).
-    """
-
-    def __init__(
-        self,
-        profiles: Sequence[RealProfile],
-        cache_dir: Path | None,
-        torch_threads: int | None,
-        max_batch: int = 8,
-    ) -> None:
-        if max_batch < 1:
-            raise ValueError("max_batch must be >= 1")
-        self.profiles = {p.name: p for p in profiles}
-        self.cache_dir = cache_dir
-        self.torch_threads = torch_threads
-        self.max_batch = max_batch
-        self.model: Any = None
-        self.tokenizer: Any = None
-        self.error: str | None = None
-        self.ready = threading.Event()
-        self.load_seconds: float | None = None
-        self.batch_sizes: list[int] = []  # one entry per generate call, for tests and /health
-        self._pending: list[tuple[list[dict[str, Any]], int, float, int, Future]] = []
-        self._wakeup = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._batcher: threading.Thread | None = None
-
-    def start_loading(self) -> None:
-        if self._thread is None and not self.ready.is_set():
-            self._thread = threading.Thread(
-                target=self._load, name="sandbox-model-load", daemon=True
-            )
-            self._thread.start()
-
-    def _load(self) -> None:
-        from conductor_pipeline.workers.local_model import load_smollm2
-
-        started = time.perf_counter()
-        try:
-            self._set_threads()
-            self.model, self.tokenizer = load_smollm2(self.cache_dir)
-            self.load_seconds = time.perf_counter() - started
-            log.info("sandbox: SmolLM2 loaded in %.1f s", self.load_seconds)
-        except Exception as exc:  # reported through /health
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.exception("sandbox: loading SmolLM2 failed")
-        finally:
-            self.ready.set()
-
-    def submit(
-        self, messages: list[dict[str, Any]], max_new_tokens: int, temperature: float, seed: int
-    ) -> Future:
-        """Queue one reply; the future resolves to ``(text, prompt_tokens, completion_tokens)``."""
-        future: Future = Future()
-        with self._wakeup:
-            if self._batcher is None:
-                self._batcher = threading.Thread(
-                    target=self._serve_batches, name="sandbox-model-batches", daemon=True
-                )
-                self._batcher.start()
-            self._pending.append((messages, max_new_tokens, temperature, seed, future))
-            self._wakeup.notify()
-        return future
-
-    def _serve_batches(self) -> None:
-        from conductor_pipeline.workers.local_model import generate_chat_batch
-
-        self._set_threads()
-        while True:
-            with self._wakeup:
-                while not self._pending:
-                    self._wakeup.wait()
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-            try:
-                replies = generate_chat_batch(
-                    self.model,
-                    self.tokenizer,
-                    [b[0] for b in batch],
-                    [b[1] for b in batch],
-                    [b[2] for b in batch],
-                    [b[3] for b in batch],
-                )
-            except Exception as exc:  # each waiting request gets the error, the loop goes on
-                log.exception("sandbox: SmolLM2 generation failed for a batch of %d", len(batch))
-                for *_, future in batch:
-                    future.set_exception(exc)
-                continue
-            self.batch_sizes.append(len(batch))
-            for (*_, future), reply in zip(batch, replies, strict=True):
-                future.set_result(reply)
-
-    def _set_threads(self) -> None:
-        # Per calling thread: OpenMP keeps the thread count per thread, and generation runs
-        # in its own thread.
-        if self.torch_threads:
-            import torch
-
-            torch.set_num_threads(self.torch_threads)
 
 
 def create_app(
@@ -205,7 +91,7 @@ def create_app(
     torch_threads: int | None = 1,
     real_max_batch: int = 8,
 ) -> FastAPI:
-    """The sandbox's FastAPI app.
+    """The sandbox's FastAPI app; its endpoints are ``workers.sandbox.handlers``.
 
     With ``load_real_model`` the real workers' model loads in a background thread when the
     app starts (``GET /health`` answers 503 until it is ready); without it the app is ready
@@ -219,195 +105,32 @@ def create_app(
     if latency_scale < 0:
         raise ValueError("latency_scale must be >= 0")
     index = TaskIndex(tasks)
-    sims = {p.name: SimulatedWorker(p, index, base_seed=seed) for p in profiles.simulated}
-    real = _RealWorkers(profiles.real, model_cache_dir, torch_threads, real_max_batch)
-    loading = load_real_model and bool(profiles.real)
-    if not loading:
-        real.ready.set()
-    started_at = int(time.time())
+    state = AppState(
+        profiles=profiles,
+        index=index,
+        sims={p.name: SimulatedWorker(p, index, base_seed=seed) for p in profiles.simulated},
+        real=RealWorkers(profiles.real, model_cache_dir, torch_threads, real_max_batch),
+        loading=load_real_model and bool(profiles.real),
+        latency_scale=latency_scale,
+    )
+    if not state.loading:
+        state.real.ready.set()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        if loading:
-            real.start_loading()
+        if state.loading:
+            state.real.start_loading()
         yield
 
     app = FastAPI(title="conductor-pipeline sandbox worker pool", lifespan=lifespan)
-    app.state.profiles = profiles
-    app.state.task_index = index
-    app.state.real_workers = real
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        if not real.ready.is_set():
-            return JSONResponse(status_code=503, content={"status": "loading"})
-        if loading and real.error:
-            return JSONResponse(status_code=503, content={"status": "error", "detail": real.error})
-        return JSONResponse(
-            content={
-                "status": "ok",
-                "workers": profiles.names,
-                "tasks": len(index),
-                "real_model_loaded": real.model is not None,
-                # generate calls of the real model and the largest batch one of them served
-                "real_model_batches": len(real.batch_sizes),
-                "real_model_max_batch": max(real.batch_sizes, default=0),
-            }
-        )
-
-    @app.post(RECOGNISE_PATH)
-    async def recognise_question(request: Request) -> JSONResponse:
-        # Not part of the OpenAI API: lets a client warn that the simulated workers will
-        # make up an answer to a question that is none of the prepared tasks.
-        try:
-            raw = load_json_body(await request.body())
-        except RequestError as err:
-            return _error(400, err.message, kind="invalid_request_error", code=err.code)
-        text = raw.get("text") if isinstance(raw, dict) else None
-        if not isinstance(text, str):
-            return _error(
-                400,
-                'expected a JSON object {"text": "<question>"}',
-                kind="invalid_request_error",
-                param="text",
-            )
-        return JSONResponse(content={**recognise(index, text).to_dict(), "tasks": len(index)})
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        data = [
-            {
-                "id": p.name,
-                "object": "model",
-                "created": started_at,
-                "owned_by": OWNED_BY_SIMULATED,
-                "description": p.description,
-            }
-            for p in profiles.simulated
-        ] + [
-            {
-                "id": p.name,
-                "object": "model",
-                "created": started_at,
-                "owned_by": OWNED_BY_REAL,
-                "description": p.description,
-            }
-            for p in profiles.real
-        ]
-        return {"object": "list", "data": data}
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> JSONResponse:
-        try:
-            body = validate_request(load_json_body(await request.body()), _ChatRequest)
-        except RequestError as err:
-            return _error(
-                400, err.message, kind="invalid_request_error", param=err.param, code=err.code
-            )
-        if body.stream:
-            return _error(
-                400,
-                "streaming is not supported by the sandbox worker server; send stream=false",
-                kind="invalid_request_error",
-                param="stream",
-                code="stream_not_supported",
-            )
-        if (body.n or 1) != 1:
-            return _error(
-                400,
-                "the sandbox returns one choice per request; send n=1",
-                kind="invalid_request_error",
-                param="n",
-            )
-        messages = [m.model_dump() for m in body.messages]
-        temperature = 1.0 if body.temperature is None else body.temperature
-        request_seed = body.seed if body.seed is not None else 0
-        max_tokens = body.max_completion_tokens or body.max_tokens
-
-        if body.model in sims:
-            worker = sims[body.model]
-            reply = worker.respond(
-                messages, seed=request_seed, temperature=temperature, max_tokens=max_tokens
-            )
-            if latency_scale > 0 and reply.latency_s > 0:
-                await asyncio.sleep(reply.latency_s * latency_scale)
-            return _completion(
-                body.model,
-                reply.text,
-                reply.prompt_tokens,
-                reply.completion_tokens,
-                reply.finish_reason,
-                simulated=True,
-            )
-
-        if body.model in real.profiles:
-            profile = real.profiles[body.model]
-            if not real.ready.is_set() or real.model is None:
-                if real.error:
-                    reason = real.error
-                elif not real.ready.is_set():
-                    reason = "the model is still loading"
-                else:
-                    reason = "the server was started without the real model"
-                return _error(
-                    503,
-                    f"worker {body.model!r} is unavailable: {reason}",
-                    kind="service_unavailable",
-                    code="model_unavailable",
-                )
-            limit = min(max_tokens or profile.max_tokens, profile.max_tokens)
-            chat = [{"role": m["role"], "content": message_text(m)} for m in messages]
-            text, prompt_tokens, completion_tokens = await asyncio.wrap_future(
-                real.submit(chat, limit, temperature, request_seed)
-            )
-            finish = "length" if completion_tokens >= limit else "stop"
-            return _completion(
-                body.model, text, prompt_tokens, completion_tokens, finish, simulated=False
-            )
-
-        known = ", ".join(profiles.names)
-        return _error(
-            404,
-            f"The model {body.model!r} does not exist in the sandbox pool (available: {known})",
-            kind="invalid_request_error",
-            param="model",
-            code="model_not_found",
-        )
-
+    app.state.sandbox = state
+    app.state.profiles, app.state.task_index = profiles, index
+    app.state.real_workers = state.real
+    app.add_api_route("/health", handlers.health, methods=["GET"])
+    app.add_api_route(RECOGNISE_PATH, handlers.recognise_question, methods=["POST"])
+    app.add_api_route("/v1/models", handlers.models, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", handlers.chat_completions, methods=["POST"])
     return app
-
-
-def _completion(
-    model: str,
-    text: str,
-    prompt_tokens: int,
-    completion_tokens: int,
-    finish_reason: str,
-    *,
-    simulated: bool,
-) -> JSONResponse:
-    return JSONResponse(
-        content={
-            "id": f"chatcmpl-sandbox-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "system_fingerprint": "sandbox-simulated" if simulated else "sandbox-local",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
-    )
 
 
 # --- tasks from files ---------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""The sandbox's real workers: SmolLM2-135M-Instruct, loaded in a background thread and
+answering concurrent requests in shared batches (the sandbox server's real-worker path)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from conductor_pipeline.workers.sandbox.profiles import RealProfile
+
+log = logging.getLogger(__name__)
+
+
+class RealWorkers:
+    """Loads SmolLM2 in a background thread and answers its requests in batches.
+
+    Requests that arrive while a batch is generating wait for the next one (at most
+    ``max_batch`` rows), so concurrent callers share the model's forward passes: on two CPU
+    cores a batch of 8 replies costs about as much as 2-3 single ones. Each row keeps its own
+    seed, temperature and token limit (``generate_chat_batch``).
+    """
+
+    def __init__(
+        self,
+        profiles: Sequence[RealProfile],
+        cache_dir: Path | None,
+        torch_threads: int | None,
+        max_batch: int = 8,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.profiles = {p.name: p for p in profiles}
+        self.cache_dir = cache_dir
+        self.torch_threads = torch_threads
+        self.max_batch = max_batch
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+        self.load_seconds: float | None = None
+        self.batch_sizes: list[int] = []  # one entry per generate call, for tests and /health
+        self._pending: list[tuple[list[dict[str, Any]], int, float, int, Future]] = []
+        self._wakeup = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._batcher: threading.Thread | None = None
+
+    def start_loading(self) -> None:
+        if self._thread is None and not self.ready.is_set():
+            self._thread = threading.Thread(
+                target=self._load, name="sandbox-model-load", daemon=True
+            )
+            self._thread.start()
+
+    def _load(self) -> None:
+        from conductor_pipeline.workers.local_model import load_smollm2
+
+        started = time.perf_counter()
+        try:
+            self._set_threads()
+            self.model, self.tokenizer = load_smollm2(self.cache_dir)
+            self.load_seconds = time.perf_counter() - started
+            log.info("sandbox: SmolLM2 loaded in %.1f s", self.load_seconds)
+        except Exception as exc:  # reported through /health
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.exception("sandbox: loading SmolLM2 failed")
+        finally:
+            self.ready.set()
+
+    def submit(
+        self, messages: list[dict[str, Any]], max_new_tokens: int, temperature: float, seed: int
+    ) -> Future:
+        """Queue one reply; the future resolves to ``(text, prompt_tokens, completion_tokens)``."""
+        future: Future = Future()
+        with self._wakeup:
+            if self._batcher is None:
+                self._batcher = threading.Thread(
+                    target=self._serve_batches, name="sandbox-model-batches", daemon=True
+                )
+                self._batcher.start()
+            self._pending.append((messages, max_new_tokens, temperature, seed, future))
+            self._wakeup.notify()
+        return future
+
+    def _serve_batches(self) -> None:
+        from conductor_pipeline.workers.local_model import generate_chat_batch
+
+        self._set_threads()
+        while True:
+            with self._wakeup:
+                while not self._pending:
+                    self._wakeup.wait()
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+            try:
+                replies = generate_chat_batch(
+                    self.model,
+                    self.tokenizer,
+                    [b[0] for b in batch],
+                    [b[1] for b in batch],
+                    [b[2] for b in batch],
+                    [b[3] for b in batch],
+                )
+            except Exception as exc:  # each waiting request gets the error, the loop goes on
+                log.exception("sandbox: SmolLM2 generation failed for a batch of %d", len(batch))
+                for *_, future in batch:
+                    future.set_exception(exc)
+                continue
+            self.batch_sizes.append(len(batch))
+            for (*_, future), reply in zip(batch, replies, strict=True):
+                future.set_result(reply)
+
+    def _set_threads(self) -> None:
+        # Per calling thread: OpenMP keeps the thread count per thread, and generation runs
+        # in its own thread.
+        if self.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
