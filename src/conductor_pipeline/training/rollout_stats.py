@@ -1,0 +1,153 @@
+"""Metrics over scored rollouts: what :class:`RolloutStats` hands the training callback
+after each logging step (reward, parse rate, accuracy, masking, cost, routing)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from conductor_pipeline.training.scoring import RolloutScore
+from conductor_pipeline.workflow import SHAPES
+
+__all__ = ["RolloutStats", "routing_metrics", "summarise_scores"]
+
+
+class RolloutStats:
+    """Accumulates rollout scores between two reads (thread-safe enough for one writer).
+
+    ``drain()`` returns averaged metrics since the previous drain, names ready for MLflow:
+    ``reward/mean``, ``reward/std``, ``reward/correctness_mean``, ``reward/cost_penalty_mean``,
+    ``rollouts/parse_rate``, ``rollouts/accuracy`` (of scored rollouts),
+    ``rollouts/masked_rate``, ``rollouts/infra_failure_rate`` (failed calls / calls),
+    ``rollouts/retries_per_rollout``, ``workflow/steps_mean``, ``workflow/cost_usd_mean``,
+    ``workflow/tokens_mean``, ``workflow/cache_hit_rate``, ``workers/share/<name>``,
+    ``rollouts/completion_tokens`` (total, for tokens/s) and ``rollouts/score_seconds``
+    (wall time spent executing and verifying workflows). What the Conductor learns to do,
+    over the parsed rollouts: ``domain/<domain>/worker/<name>`` (share of that domain's
+    rollouts whose answer step, the last, went to the worker), ``shape/<shape>`` (share of
+    each workflow shape) and ``workflow/multi_step_share``.
+    """
+
+    def __init__(self, worker_names: Sequence[str] | None = None) -> None:
+        self.worker_names = list(worker_names or [])
+        self._scores: list[RolloutScore] = []
+        self.completion_tokens = 0
+        self.score_seconds = 0.0
+        self.total_rollouts = 0
+
+    def add(
+        self, scores: Sequence[RolloutScore], completion_tokens: int = 0, seconds: float = 0.0
+    ) -> None:
+        self._scores.extend(scores)
+        self.completion_tokens += int(completion_tokens)
+        self.score_seconds += float(seconds)
+        self.total_rollouts += len(scores)
+
+    def drain(self) -> dict[str, float]:
+        scores, self._scores = self._scores, []
+        tokens, self.completion_tokens = self.completion_tokens, 0
+        seconds, self.score_seconds = self.score_seconds, 0.0
+        metrics = summarise_scores(scores, self.worker_names, completion_tokens=tokens)
+        if metrics:
+            metrics["rollouts/score_seconds"] = seconds
+        return metrics
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def _std(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0 if values else float("nan")
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def summarise_scores(
+    scores: Sequence[RolloutScore],
+    worker_names: Sequence[str] | None = None,
+    *,
+    completion_tokens: int = 0,
+) -> dict[str, float]:
+    """Aggregate metrics over ``scores`` (see :class:`RolloutStats`); empty input → ``{}``."""
+    if not scores:
+        return {}
+    n = len(scores)
+    valid = [s for s in scores if s.reward is not None]
+    parsed = [s for s in scores if s.parsed]
+    executed = [s for s in parsed if not s.masked]
+    calls = sum(s.calls for s in parsed)
+    usage: Counter[int] = Counter(w for s in parsed for w in s.workers)
+    total_steps = sum(usage.values())
+    metrics: dict[str, float] = {
+        "reward/mean": _mean([s.reward for s in valid]),  # type: ignore[misc]
+        "reward/std": _std([s.reward for s in valid]),  # type: ignore[misc]
+        "reward/correctness_mean": _mean([s.correctness for s in valid]),  # type: ignore[misc]
+        "reward/correctness_std": _std([s.correctness for s in valid]),  # type: ignore[misc]
+        "reward/cost_penalty_mean": _mean([s.cost_penalty for s in valid]),
+        "reward/cost_penalty_std": _std([s.cost_penalty for s in valid]),
+        "rollouts/n": float(n),
+        "rollouts/parse_rate": len(parsed) / n,
+        "rollouts/accuracy": _mean([1.0 if s.correct else 0.0 for s in executed]),
+        "rollouts/masked_rate": sum(1 for s in scores if s.masked) / n,
+        "rollouts/infra_failure_rate": (sum(s.infra_failures for s in parsed) / calls)
+        if calls
+        else 0.0,
+        "rollouts/retries_per_rollout": _mean([max(s.attempts - 1, 0) for s in parsed])
+        if parsed
+        else 0.0,
+        "workflow/steps_mean": _mean([s.n_steps for s in parsed]),
+        "workflow/cost_usd_mean": _mean([s.cost_usd for s in parsed]),
+        "workflow/list_cost_usd_mean": _mean([s.list_cost_usd for s in parsed]),
+        "workflow/tokens_mean": _mean([s.tokens for s in parsed]),
+        "workflow/calls_mean": _mean([s.calls for s in parsed]),
+        "workflow/cache_hit_rate": (sum(s.cache_hits for s in parsed) / calls) if calls else 0.0,
+        "rollouts/completion_tokens": float(completion_tokens),
+    }
+    recursed = [s for s in valid if s.recursion_reward is not None]
+    if recursed:
+        metrics["recursion/rate"] = len(recursed) / n
+        metrics["recursion/kept_rate"] = _mean([1.0 if s.recursion_kept else 0.0 for s in recursed])
+        metrics["recursion/r1_mean"] = _mean([s.recursion_reward for s in recursed])  # type: ignore[misc]
+    names = list(worker_names or [])
+    for index in sorted(set(usage) | set(range(len(names)))):
+        label = names[index] if index < len(names) else str(index)
+        metrics[f"workers/share/{label}"] = usage[index] / total_steps if total_steps else 0.0
+    metrics.update(routing_metrics(parsed, names))
+    return {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def _metric_part(text: str) -> str:
+    """A domain name as one MLflow metric-name segment (no slash, only allowed characters)."""
+    return re.sub(r"[^\w\-. ]", "_", text) or "_"
+
+
+def routing_metrics(
+    parsed: Sequence[RolloutScore], worker_names: Sequence[str]
+) -> dict[str, float]:
+    """Answer-worker shares per domain, shape shares and the multi-step share of the parsed
+    rollouts ``parsed`` (see :class:`RolloutStats`); every worker and shape is listed, with
+    0 when unused, so each curve is continuous over training. Empty input → ``{}``."""
+    if not parsed:
+        return {}
+    names = list(worker_names)
+    metrics: dict[str, float] = {
+        "workflow/multi_step_share": sum(1 for s in parsed if s.n_steps > 1) / len(parsed)
+    }
+    shapes = Counter(s.shape for s in parsed)
+    for shape in SHAPES:
+        metrics[f"shape/{shape}"] = shapes.get(shape, 0) / len(parsed)
+    by_domain: dict[str, list[RolloutScore]] = {}
+    for score in parsed:
+        if score.domain is not None:
+            by_domain.setdefault(score.domain, []).append(score)
+    for domain, scores in sorted(by_domain.items()):
+        answered = Counter(s.workers[-1] for s in scores if s.workers)
+        for index in sorted(set(answered) | set(range(len(names)))):
+            label = names[index] if index < len(names) else str(index)
+            key = f"domain/{_metric_part(domain)}/worker/{label}"
+            metrics[key] = answered.get(index, 0) / len(scores)
+    return metrics
