@@ -256,6 +256,14 @@ def test_two_scheduled_runs_the_second_with_nothing_new(tmp_path):
     assert [t.id for t in first.tasks()][:1] == ["traffic/r1"] and len(first.tasks()) == 1 + 1 + 4
     assert [row["request_id"] for row in first.evaluation] == ["r2"] and not first.unchanged
     assert sorted(commit_all(store, first)) == ["drop_folder", "livecodebench", "traffic"]
+    # what was committed is what the report (stored as JSON by the run) says
+    marks = FileWatermarks(tmp_path / "from-report.json")
+    assert sorted(commit_all(marks, json.loads(json.dumps(first.report())))) == [
+        "drop_folder",
+        "livecodebench",
+        "traffic",
+    ]
+    assert all(marks.read(s) == store.read(s) for s in ("drop_folder", "livecodebench", "traffic"))
     second = collect_sources(settings, store, root=tmp_path, test_questions=[])
     assert second.unchanged and second.report()["unchanged"] and commit_all(store, second) == []
     feedback.submit(parse_feedback({"request_id": "r2", "verdict": "right"}))  # a retry: same

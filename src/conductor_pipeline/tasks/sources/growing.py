@@ -258,9 +258,24 @@ def _livecodebench_rows(lcb: LiveCodeBenchWindowSettings, root: Path) -> list[di
     return benchmarks._hub_rows("livecodebench", "json", data_files={"test": urls}, split="test")
 
 
-def commit_all(store: WatermarkStore, collected: Collected) -> list[str]:
-    """Store every batch's watermark that moved; returns the sources whose mark moved."""
-    return [batch.source for batch in collected.batches if commit(store, batch)]
+def commit_all(store: WatermarkStore, collected: Collected | Mapping[str, Any]) -> list[str]:
+    """Store every batch's watermark that moved; returns the sources whose mark moved.
+
+    ``collected`` may also be its :meth:`Collected.report` (plain JSON): a scheduler that
+    runs the last node in another process (an Airflow task) commits from the stored report.
+    """
+    if isinstance(collected, Collected):
+        batches = collected.batches
+    else:
+        batches = [
+            Batch(
+                source=str(entry["source"]),
+                previous=entry["previous_watermark"],
+                watermark=entry["watermark"],
+            )
+            for entry in collected.get("sources", [])
+        ]
+    return [batch.source for batch in batches if commit(store, batch)]
 
 
 def join_training(train: Iterable[Task], new: Iterable[Task]) -> tuple[list[Task], list[str]]:
