@@ -375,3 +375,58 @@ def test_real_policy_concurrent_requests_write_their_sequential_texts(smollm2):
     assert [c.prompt_tokens for c in concurrent] == [c.prompt_tokens for c in sequential]
     assert policy.stats.sizes == {5: 1}  # five requests, one batched generate call
     assert ticks >= 5  # the event loop kept running while the batch generated
+
+
+def test_real_policy_uses_grouped_attention_with_the_same_logits(smollm2, monkeypatch):
+    import torch
+    import transformers.integrations.sdpa_attention as sdpa
+
+    model = smollm2._model
+    assert model.config._attn_implementation == "conductor_grouped_sdpa"
+    ids = torch.tensor([[2, 2, 2, 504, 3493, 28], [1, 9690, 504, 3493, 28, 1004]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.inference_mode():
+        model.set_attn_implementation("sdpa")
+        try:
+            stock = model(input_ids=ids, attention_mask=mask).logits
+        finally:
+            model.set_attn_implementation("conductor_grouped_sdpa")
+
+        def no_copy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            raise AssertionError("keys and values were copied per query head")
+
+        monkeypatch.setattr(sdpa, "repeat_kv", no_copy)
+        grouped = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(grouped[mask.bool()], stock[mask.bool()], atol=1e-4)
+
+
+def test_real_policy_rows_leave_the_batch_when_they_end(smollm2, monkeypatch):
+    """A batch computes each row only until its end token: the rows fed to decode steps add
+    up to the tokens each row still had to write, not rows x the longest row."""
+    conversations = [
+        _msgs("Answer with one word: is the sky blue?"),
+        _msgs("Write a long story about a dragon who learns to bake bread."),
+        _msgs("Say OK."),
+    ]
+    seeds = [1, 2, 3]
+    single = [
+        asyncio.run(smollm2.complete(c, temperature=0.0, max_tokens=24, seed=s))
+        for c, s in zip(conversations, seeds, strict=True)
+    ]
+    lengths = [c.completion_tokens for c in single]
+    assert len(set(lengths)) > 1  # the prompts end at different lengths
+    model, fed = smollm2._model, []
+    forward = model.forward
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        fed.append(kwargs["input_ids"].shape)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting)
+    batch = asyncio.run(
+        smollm2.complete_many(conversations, temperature=0.0, max_tokens=24, seeds=seeds)
+    )
+    assert [c.text for c in batch] == [c.text for c in single]
+    assert [c.completion_tokens for c in batch] == lengths
+    decode_rows = sum(shape[0] for shape in fed[1:])  # after the prefill
+    assert decode_rows == sum(n - 1 for n in lengths) < len(lengths) * (max(lengths) - 1)
