@@ -430,3 +430,28 @@ def test_real_policy_rows_leave_the_batch_when_they_end(smollm2, monkeypatch):
     assert [c.completion_tokens for c in batch] == lengths
     decode_rows = sum(shape[0] for shape in fed[1:])  # after the prefill
     assert decode_rows == sum(n - 1 for n in lengths) < len(lengths) * (max(lengths) - 1)
+
+
+def test_the_concurrency_benchmark_reports_each_client_count():
+    """`make bench ARGS=serving`'s concurrency case, over the scripted policy with batching
+    and a fake pool (the real Conductor's figures come from `make bench`, not tests)."""
+    from conductor_pipeline.benchmarks.serving_concurrency import _measure
+
+    from .test_app import FakePool
+
+    service = make_service()
+    pool = FakePool()
+    pool.descriptions, pool.names = service.descriptions, service.worker_names
+    policy = MicroBatchingPolicy(ScriptedBatches(), BatchingSettings(max_wait_ms=0))
+    figures = _measure(
+        policy, pool, service.orchestration, service.served, ServingSettings(),
+        clients=(1, 4), requests_per_client=2, single_requests=3,
+    )  # fmt: skip
+    one, four = figures["clients_1"], figures["clients_4"]
+    assert (one["requests"], four["requests"]) == (3, 8)
+    assert one["status_counts"] == {"200": 3} and four["status_counts"] == {"200": 8}
+    assert one["batch_sizes"] == {"1": 3}  # one client never shares a batch
+    assert sum(int(n) * c for n, c in four["batch_sizes"].items()) == 8
+    for case in (one, four):
+        assert case["throughput_rps"] > 0 and 0 < case["latency_p50_s"] <= case["latency_p95_s"]
+    assert figures["ready_s"] > 0

@@ -232,11 +232,13 @@ def executor_overhead() -> dict[str, Any]:
 
 @benchmark("serving")
 def serving_benchmark() -> dict[str, Any]:
-    """Two cases of the Conductor API. At the top level, load with the scripted policy
-    (:func:`serving_load`); under ``real_policy``, the latency one user feels with the
-    project's real Conductor (:func:`serving_real_policy`)."""
+    """The Conductor API: load with the scripted policy (:func:`serving_load`), then the real
+    Conductor for one user (``real_policy``) and for 1 against 16 clients (``..._concurrency``)."""
+    from conductor_pipeline.benchmarks.serving_concurrency import serving_concurrency
+
     figures = serving_load()
     figures["real_policy"] = serving_real_policy()
+    figures["real_policy_concurrency"] = serving_concurrency()
     return figures
 
 
