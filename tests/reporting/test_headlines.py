@@ -13,6 +13,7 @@ import pytest
 
 from conductor_pipeline.reporting import MissingInput
 from conductor_pipeline.reporting import evaluation as ev
+from conductor_pipeline.reporting import headlines as hl
 from conductor_pipeline.reporting import training as tr
 from conductor_pipeline.reporting.display import tidy_table
 
@@ -83,12 +84,12 @@ def test_evaluation_headline_when_the_conductor_wins():
         },
         multi_step=0.25,
     )
-    text = ev.evaluation_headline(summary, results, routing)
+    text = hl.evaluation_headline(summary, results, routing)
     assert text.startswith("**Winner: the Conductor**")
     assert "90.0% of 10 test questions against 60.0%" in text
     assert "solo:sim-sage (simulated worker)" in text and "30.0 points ahead" in text
     # the paired interval of a +30-point margin where the Conductor never loses a question
-    low, high, n = ev.paired_difference_ci(results, "conductor", "solo:sim-sage")
+    low, high, n = hl.paired_difference_ci(results, "conductor", "solo:sim-sage")
     assert n == 10 and 0.0 <= low <= 0.3 <= high <= 0.6
     assert f"{100 * low:+.1f}".replace("-", "−") in text
     assert "exact McNemar p = 0.03" in text and "significant at the 5% level" in text
@@ -109,7 +110,7 @@ def test_evaluation_headline_when_the_conductor_loses():
         ]
     )
     results = _results({"conductor": [True] * 5 + [False] * 5, "router": [True] * 7 + [False] * 3})
-    text = ev.evaluation_headline(summary, results)
+    text = hl.evaluation_headline(summary, results)
     assert text.startswith("**Winner: router** (the best baseline)")
     assert "70.0% of 10 test questions against 50.0% for the Conductor" in text
     assert "the Conductor is 20.0 points behind" in text
@@ -120,7 +121,7 @@ def test_evaluation_headline_when_the_conductor_loses():
 
 def test_evaluation_headline_tie_and_without_results():
     summary = _summary([("conductor", 0.6, 0.001, None), ("solo:a", 0.6, 0.001, 1.0)])
-    text = ev.evaluation_headline(summary)
+    text = hl.evaluation_headline(summary)
     assert text.startswith("**No winner:**") and "both answer 60.0%" in text
     assert "bootstrap" not in text  # no per-question results, no paired interval
     assert "1.0× the worker cost" in text
@@ -128,9 +129,9 @@ def test_evaluation_headline_tie_and_without_results():
 
 def test_evaluation_headline_needs_a_conductor_and_a_baseline():
     with pytest.raises(MissingInput, match="no Conductor row"):
-        ev.evaluation_headline(_summary([("solo:a", 0.5, 0.001, None)]))
+        hl.evaluation_headline(_summary([("solo:a", 0.5, 0.001, None)]))
     with pytest.raises(MissingInput, match="no baseline"):
-        ev.evaluation_headline(_summary([("conductor", 0.5, 0.001, None), ("oracle", 1, 0, 1)]))
+        hl.evaluation_headline(_summary([("conductor", 0.5, 0.001, None), ("oracle", 1, 0, 1)]))
 
 
 def _history() -> pd.DataFrame:
@@ -148,7 +149,7 @@ def _history() -> pd.DataFrame:
 
 def test_training_headline_says_what_grpo_changed():
     info = {"sft": {"steps": 30, "final_loss": 0.1146, "reused": False}}
-    text = tr.training_headline(_history(), info)
+    text = hl.training_headline(_history(), info)
     assert text.startswith("**What GRPO changed** over 3 logged steps (1 → 3)")
     assert "the mean reward rose from 0.30 to 0.72" in text
     assert "parse as a workflow went from 50% to 100%" in text
@@ -157,14 +158,14 @@ def test_training_headline_says_what_grpo_changed():
     assert "SFT, 30 steps) ended at loss 0.115" in text
     # with the per-step SFT loss logged, the headline gives its first and last value
     history = _history().assign(**{"sft/loss": [2.5, 1.0, 0.25]})
-    assert "SFT) took the loss from 2.500 to 0.250 in 3 steps" in tr.training_headline(history)
+    assert "SFT) took the loss from 2.500 to 0.250 in 3 steps" in hl.training_headline(history)
 
 
 def test_training_headline_when_the_reward_fell_and_when_there_is_none():
     falling = _history().assign(**{"grpo/reward/mean": [0.6, 0.5, 0.4]})
-    assert "the mean reward fell from 0.60 to 0.40" in tr.training_headline(falling)
+    assert "the mean reward fell from 0.60 to 0.40" in hl.training_headline(falling)
     with pytest.raises(MissingInput, match="reward/mean"):
-        tr.training_headline(_history().drop(columns=["grpo/reward/mean"]))
+        hl.training_headline(_history().drop(columns=["grpo/reward/mean"]))
 
 
 def test_sft_loss_sources_in_order_and_a_plain_message_when_absent(tmp_path):

@@ -5,8 +5,11 @@ package), so the logic is tested as plain Python:
 
 - :mod:`.runner`: execute a notebook with papermill, render HTML without code cells;
 - :mod:`.training`: curves from the training run's MLflow metric history;
+- :mod:`.training_files`: the run's other files (registered version, adapter info, sample
+  rollouts), re-exported by :mod:`.training`;
 - :mod:`.evaluation`: summary table, cost–accuracy plot, heat maps, example workflows,
   promotion decision;
+- :mod:`.headlines`: the computed opening paragraph of each report;
 - :mod:`.display`: figures as embedded PNG, notes for missing inputs.
 
 No Kedro here; MLflow only where a report reads a run or the registry.

@@ -1,7 +1,8 @@
 """The evaluation report's content: the summary table with confidence intervals, the
 cost–accuracy plot, per-domain heat maps of accuracy and of the Conductor's worker choice,
-access-pattern shares, sample workflows that succeeded and failed, and the promotion
-decision against the previous champion.
+access-pattern shares, sample workflows that succeeded and failed, the promotion
+decision against the previous champion, and the best baseline to beat (the opening
+paragraph built on it is in :mod:`.headlines`).
 
 Inputs are the evaluation pipeline's files (``evaluation_summary.csv``,
 ``evaluation_summary_by_domain.csv``, ``evaluation_results.parquet``,
@@ -48,7 +49,7 @@ def load_json(path: str | Path | None, what: str) -> dict[str, Any]:
     return json.loads(_need(path, what).read_text(encoding="utf-8"))
 
 
-def _system_label(system: str) -> str:
+def system_label(system: str) -> str:
     worker = system.split(":", 1)[1] if ":" in system else ""
     return f"{system} (simulated worker)" if worker.startswith("sim-") else system
 
@@ -62,7 +63,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
 
     table = pd.DataFrame(
         {
-            "system": summary["system"].map(_system_label),
+            "system": summary["system"].map(system_label),
             "n": summary["n"],
             "accuracy %": summary["accuracy"].map(pct),
             "95% CI": [
@@ -167,7 +168,7 @@ def domain_accuracy(by_domain: pd.DataFrame) -> pd.DataFrame:
 
 def domain_accuracy_figure(by_domain: pd.DataFrame):
     matrix = domain_accuracy(by_domain)
-    matrix.columns = [_system_label(c) for c in matrix.columns]
+    matrix.columns = [system_label(c) for c in matrix.columns]
     return heatmap_figure(matrix, title="Accuracy by domain and system (%)", value_label="accuracy")
 
 
@@ -210,7 +211,7 @@ def worker_choice_figure(results: pd.DataFrame, system: str = "conductor"):
 ROUTING_SYSTEMS = ("conductor", "warm-start")
 
 
-def _sim(name: Any) -> str:
+def sim_label(name: Any) -> str:
     return f"{name} (sim)" if str(name).startswith("sim-") else str(name)
 
 
@@ -259,7 +260,7 @@ def routing_figure(results: pd.DataFrame, systems: tuple[str, ...] = ROUTING_SYS
     image = None
     for i, (system, matrix) in enumerate(zip(shown, matrices, strict=True)):
         ax = figure.add_subplot(1, len(shown), i + 1)
-        matrix = matrix.rename(columns=_sim)
+        matrix = matrix.rename(columns=sim_label)
         image = _draw_heatmap(ax, matrix)
         ax.axvline(matrix.shape[1] - 1.5, color="white", linewidth=3)  # workers | multi-step
         ax.set_title(system, fontsize=10)
@@ -375,7 +376,7 @@ def example_workflows(
     return parts
 
 
-def _count(value: Any) -> int:
+def as_count(value: Any) -> int:
     """A count that may arrive as a float or NaN (a missing workflow has no steps)."""
     try:
         number = float(value)
@@ -385,13 +386,8 @@ def _count(value: Any) -> int:
 
 
 def _steps_text(value: Any) -> str:
-    steps = _count(value)
+    steps = as_count(value)
     return f"{steps} step" + ("" if steps == 1 else "s")
-
-
-def _p_text(p: float) -> str:
-    """A p-value as people read it: two decimals, or scientific when tiny."""
-    return f"{p:.2f}" if p >= 0.01 else f"{p:.1e}"
 
 
 # the figures of the promotion table, each with how it is written (a count stays an int)
@@ -500,15 +496,6 @@ def registry_versions(tracking_uri: str, name: str = "conductor", limit: int = 1
 # systems that are not baselines to beat: the oracle reads the answer key (an upper bound),
 # and the Conductor systems are the Conductor itself, its warm start and its base policy
 NOT_BASELINES = frozenset({"oracle", *CONDUCTOR_SYSTEMS})
-SIGNIFICANCE = 0.05
-
-
-def _reference(summary: pd.DataFrame) -> str:
-    systems = list(summary["system"])
-    for name in ("conductor", *CONDUCTOR_SYSTEMS):
-        if name in systems:
-            return name
-    raise MissingInput("the evaluation summary has no Conductor row")
 
 
 def best_baseline(summary: pd.DataFrame) -> pd.Series:
@@ -520,161 +507,3 @@ def best_baseline(summary: pd.DataFrame) -> pd.Series:
     cost = rows["cost_usd_per_q"].fillna(math.inf)
     order = rows.assign(_cost=cost).sort_values(["accuracy", "_cost"], ascending=[False, True])
     return order.iloc[0]
-
-
-def paired_difference_ci(
-    results: pd.DataFrame,
-    system: str,
-    other: str,
-    *,
-    samples: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float, int]:
-    """Percentile bootstrap interval of accuracy(system) − accuracy(other) over the
-    questions both answered (resampling questions, so the pairing is kept), and how many
-    questions that is."""
-    import numpy as np
-
-    def correct(name: str) -> pd.Series:
-        rows = results[results["system"] == name]
-        return rows.groupby("question_id")["correct"].first().astype(bool)
-
-    mine, theirs = correct(system), correct(other)
-    shared = mine.index.intersection(theirs.index)
-    if not len(shared):
-        raise MissingInput(f"no question answered by both {system} and {other}")
-    diff = mine.loc[shared].to_numpy(dtype=float) - theirs.loc[shared].to_numpy(dtype=float)
-    rng = np.random.default_rng(seed)
-    means = rng.choice(diff, size=(samples, diff.size), replace=True).mean(axis=1)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    return float(low), float(high), int(diff.size)
-
-
-def _points(value: float) -> str:
-    return f"{100 * value:+.1f}".replace("-", "−")
-
-
-def _what_it_learned(routing_table: pd.DataFrame, system: str) -> str | None:
-    """A sentence on the Conductor's routing: the worker that writes the answer per domain
-    (grouped when one worker takes several), and the share of multi-step workflows."""
-    from conductor_pipeline.evaluation.routing import ALL_DOMAINS, MULTI_STEP, NO_WORKFLOW
-
-    mine = routing_table[routing_table["system"] == system]
-    workers = mine[(mine["kind"] == "worker") & (mine["value"] != NO_WORKFLOW)]
-    workers = workers[workers["domain"] != ALL_DOMAINS]
-    if workers.empty:
-        return None
-    top = workers.sort_values("share", ascending=False).drop_duplicates("domain")
-    by_worker: dict[str, list[str]] = {}
-    for row in top.sort_values("domain").to_dict(orient="records"):
-        by_worker.setdefault(str(row["value"]), []).append(
-            f"{row['domain']} {100 * float(row['share']):.0f}%"
-        )
-    parts = [
-        f"to {_sim(worker)} in {', '.join(domains)}"
-        for worker, domains in sorted(by_worker.items(), key=lambda kv: -len(kv[1]))
-    ]
-    sentence = (
-        "**What the Conductor learned:** per domain, the answer step goes most often "
-        + "; ".join(parts)
-        + " (share of that domain's questions)"
-    )
-    multi = mine[
-        (mine["kind"] == "workflow")
-        & (mine["value"] == MULTI_STEP)
-        & (mine["domain"] == ALL_DOMAINS)
-    ]
-    if len(multi):
-        sentence += (
-            f"; {100 * float(multi['share'].iloc[0]):.0f}% of its workflows have more than one step"
-        )
-    return sentence + "."
-
-
-def evaluation_headline(
-    summary: pd.DataFrame,
-    results: pd.DataFrame | None = None,
-    routing_table: pd.DataFrame | None = None,
-) -> str:
-    """The report's opening paragraph (Markdown): who won, the Conductor against the best
-    baseline with the accuracy margin, its 95 % paired bootstrap interval (from the
-    per-question ``results``) and the exact McNemar p (the summary's
-    ``p_value_vs_conductor``), the cost ratio, the oracle's ceiling, and what the Conductor
-    learned (from the routing table, ``evaluation_routing.csv``)."""
-    reference = _reference(summary)
-    mine = summary[summary["system"] == reference].iloc[0]
-    base = best_baseline(summary)
-    name = _system_label(str(base["system"]))
-    n = _count(mine.get("n"))
-    acc, base_acc = float(mine["accuracy"]), float(base["accuracy"])
-    margin = acc - base_acc
-    p = base.get("p_value_vs_conductor")
-    p = float(p) if isinstance(p, int | float) and not math.isnan(float(p)) else None
-    significant = p is not None and p < SIGNIFICANCE
-    me = "the Conductor" if reference == "conductor" else f"the {reference}"
-    subject = me[0].upper() + me[1:]
-    if abs(margin) < 1e-12:
-        text = (
-            f"**No winner:** {me} and the best baseline, {name}, both answer "
-            f"{100 * acc:.1f}% of {n} test questions"
-        )
-    elif margin > 0:
-        text = (
-            f"**Winner: {me}** — {100 * acc:.1f}% of {n} test questions against "
-            f"{100 * base_acc:.1f}% for the best baseline, {name}; "
-            f"{100 * margin:.1f} points ahead"
-        )
-    else:
-        text = (
-            f"**Winner: {name}** (the best baseline) — {100 * base_acc:.1f}% of {n} test "
-            f"questions against {100 * acc:.1f}% for {me}; {me} is "
-            f"{100 * -margin:.1f} points behind"
-        )
-    stats = []
-    if results is not None:
-        try:
-            low, high, _ = paired_difference_ci(results, reference, str(base["system"]))
-        except MissingInput:
-            pass
-        else:
-            stats.append(
-                f"95% paired bootstrap CI of {me} − {name}: {_points(low)} to {_points(high)} points"
-            )
-    if p is not None:
-        stats.append(f"exact McNemar p = {_p_text(p)}")
-    if stats:
-        text += f" ({'; '.join(stats)})"
-    text += "."
-    if margin and p is not None and not significant:
-        text += (
-            f" The difference is not significant at the 5% level: this evaluation cannot "
-            f"tell {me} and {name} apart."
-        )
-    elif margin and significant:
-        text += " The difference is significant at the 5% level."
-    cost, base_cost = float(mine["cost_usd_per_q"]), float(base["cost_usd_per_q"])
-    if base_cost > 0 and math.isfinite(cost):
-        text += (
-            f" {subject} spends {cost / base_cost:.1f}× the worker cost per question of "
-            f"{name} (${cost:.6f} against ${base_cost:.6f})."
-        )
-    elif math.isfinite(cost):
-        text += f" {subject} spends ${cost:.6f} per question; {name} costs nothing."
-    oracle = summary[summary["system"] == "oracle"]
-    if len(oracle) and pd.notna(oracle["accuracy"].iloc[0]):
-        text += (
-            f" The oracle (a correct worker whenever one exists, read from the answer key) "
-            f"reaches {100 * float(oracle['accuracy'].iloc[0]):.1f}%."
-        )
-    learned = None
-    # the routing table needs the full per-question results (workflow details, split)
-    if routing_table is None and results is not None and {"detail", "split"} <= set(results):
-        try:
-            routing_table = routing(results)
-        except MissingInput:
-            routing_table = None
-    if routing_table is not None:
-        learned = _what_it_learned(routing_table, reference)
-    return text + (f"\n\n{learned}" if learned else "")

@@ -1,7 +1,8 @@
 """The training report's content: curves from the MLflow metric history of the training run
 (or the saved history table), worker usage over training, what the Conductor learns per
-domain (who writes the answer, which workflow shapes), cost per rollout, and sample
-workflows from early and late steps.
+domain (who writes the answer, which workflow shapes), cost per rollout, and the warm
+start's loss. The run's other files (overview, sample rollouts) are read in
+:mod:`.training_files`, the opening paragraph is written in :mod:`.headlines`.
 
 Metric names follow ``conductor_pipeline.training``: ``<stage>/<metric>`` with stage
 ``grpo`` or ``recursion`` (e.g. ``grpo/reward/mean``, ``grpo/rollouts/parse_rate``,
@@ -12,7 +13,6 @@ training step.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -21,6 +21,15 @@ from typing import Any
 import pandas as pd
 
 from conductor_pipeline.reporting.display import MissingInput, new_figure
+
+# the run's files other than the history live in .training_files; the notebook reaches them
+# here, as tr.<name>, with the curves
+from conductor_pipeline.reporting.training_files import (  # noqa: F401  (re-exported)
+    overview_table,
+    read_adapter_info,
+    resolve_rollout_samples,
+    rollout_examples,
+)
 
 STAGES = ("grpo", "recursion")
 # the training reward (correctness minus a cost penalty, floored) lies in this range
@@ -296,7 +305,7 @@ def shape_history(history: pd.DataFrame) -> pd.DataFrame:
     return _merged_stages(history, columns)
 
 
-def _worker_label(worker: str) -> str:
+def worker_label(worker: str) -> str:
     return f"{worker} (simulated)" if worker.startswith("sim-") else worker
 
 
@@ -354,7 +363,7 @@ def routing_figure(history: pd.DataFrame):
     from matplotlib.patches import Patch
 
     figure.legend(
-        handles=[Patch(color=colours[w], label=_worker_label(w)) for w in workers],
+        handles=[Patch(color=colours[w], label=worker_label(w)) for w in workers],
         loc="lower center",
         ncol=min(len(workers), 4),
         fontsize=7,
@@ -419,131 +428,6 @@ def start_end_table(history: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _read_json(path: str | Path | None, what: str) -> dict[str, Any]:
-    if not path:
-        raise MissingInput(f"no {what} path was given")
-    path = Path(path)
-    if not path.is_file():
-        raise MissingInput(f"{what} not found at {path}")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def overview_table(
-    model_version_path: str | Path | None, adapter_info_path: str | Path | None
-) -> pd.DataFrame:
-    """What was trained and registered: version, base model, steps, data and run
-    fingerprints, time per stage."""
-    facts: dict[str, Any] = {}
-    try:
-        version = _read_json(model_version_path, "the registered model version")
-        facts["registered version"] = f"{version.get('name', 'conductor')}/{version.get('version')}"
-        facts["MLflow run"] = version.get("run_id")
-    except MissingInput:
-        pass
-    try:
-        info = _read_json(adapter_info_path, "the adapter info")
-    except MissingInput:
-        info = {}
-    for key in (
-        "base_model",
-        "global_step",
-        "recursion_steps",
-        "data_version",
-        "config_fingerprint",
-        "pool_fingerprint",
-        "run_fingerprint",
-        "resumed_from",
-    ):
-        if key in info:
-            facts[key.replace("_", " ")] = info[key]
-    for key, value in (info.get("dataset") or {}).items():
-        facts[f"dataset: {key}"] = value
-    for key, value in (info.get("seconds") or {}).items():
-        facts[f"seconds: {key}"] = value
-    if info.get("worker_names"):
-        facts["workers"] = ", ".join(info["worker_names"])
-    if not facts:
-        raise MissingInput("neither the registered version nor the adapter info is available")
-    return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
-
-
-def rollout_examples(path: str | Path | None, per_phase: int = 3) -> list[Any]:
-    """Sample workflows from the earliest and the latest logged steps.
-
-    Reads the JSONL file of rollout samples training writes (``step``, ``completion`` or
-    ``workflow_text``, optional ``reward``, ``parsed``, ``question``); see
-    :func:`resolve_rollout_samples` for where it is found.
-    """
-    if not path or not Path(path).is_file():
-        raise MissingInput(
-            "no rollout samples: "
-            + (
-                f"{path} does not exist"
-                if path
-                else "neither reporting.rollout_samples nor the adapter info names a file"
-            )
-        )
-    samples = pd.read_json(path, lines=True)
-    if samples.empty or "step" not in samples:
-        raise MissingInput(f"{path} holds no rollout samples with a step")
-    text_column = next((c for c in ("workflow_text", "completion", "text") if c in samples), None)
-    if text_column is None:
-        raise MissingInput(f"{path}: no completion text column")
-    steps = sorted(samples["step"].unique())
-    early, late = steps[: max(1, len(steps) // 2)], steps[max(1, len(steps) // 2) :] or steps
-    parts: list[Any] = []
-    for title, chosen in (("Early steps", early[:1]), ("Late steps", late[-1:])):
-        rows = samples[samples["step"].isin(chosen)].head(per_phase)
-        parts.append(f"### {title} (step {', '.join(str(int(s)) for s in chosen)})")
-        for row in rows.to_dict(orient="records"):
-            header = []
-            if "reward" in row and pd.notna(row["reward"]):
-                header.append(f"reward {float(row['reward']):.2f}")
-            if "parsed" in row:
-                header.append("parsed" if row["parsed"] else "did not parse")
-            if row.get("question"):
-                header.append(f"question: {str(row['question'])[:160]}")
-            parts.append(
-                f"*{' · '.join(header)}*\n\n```text\n{str(row[text_column]).strip()[:1500]}\n```"
-            )
-    return parts
-
-
-def read_adapter_info(path: str | Path | None) -> dict[str, Any]:
-    """What training returned (``conductor_adapter_info``), or ``{}`` when it is missing."""
-    try:
-        return _read_json(path, "the adapter info")
-    except MissingInput:
-        return {}
-
-
-def resolve_rollout_samples(
-    explicit: str | Path | None,
-    adapter_info: dict[str, Any] | None,
-    root: str | Path | None = None,
-) -> Path | None:
-    """Where the rollout samples are: ``explicit`` (the ``reporting.rollout_samples``
-    setting) when given, else the file training recorded in its adapter info
-    (``rollout_samples``, ``data/06_models/conductor/runs/<fingerprint>/rollout_samples.jsonl``).
-
-    Training records that path relative to the project root, while the notebook runs in
-    ``notebooks/``; a relative path is therefore resolved against ``root`` (default: the
-    project root), never the working directory. None when neither names a file."""
-    if explicit:
-        return Path(explicit)
-    recorded = (adapter_info or {}).get("rollout_samples")
-    if not recorded:
-        return None
-    path = Path(recorded)
-    if not path.is_absolute():
-        if root is None:
-            from conductor_pipeline.paths import project_root
-
-            root = project_root()
-        path = Path(root) / path
-    return path
-
-
 def sft_loss(
     history: pd.DataFrame | None,
     adapter_info: dict[str, Any] | None = None,
@@ -605,76 +489,3 @@ def sft_loss_figure(
     ax.grid(True, alpha=0.3)
     figure.tight_layout()
     return figure
-
-
-def _first_last(history: pd.DataFrame, metric: str) -> tuple[str, float, float, int, int] | None:
-    """``(stage, first, last, first step, last step)`` of the first stage that logged
-    ``<stage>/<metric>``."""
-    for stage, part in stage_series(history, metric).items():
-        return (
-            stage,
-            float(part["value"].iloc[0]),
-            float(part["value"].iloc[-1]),
-            int(part["step"].iloc[0]),
-            int(part["step"].iloc[-1]),
-        )
-    return None
-
-
-def _pct(value: float) -> str:
-    return f"{100 * value:.0f}%"
-
-
-def training_headline(history: pd.DataFrame, adapter_info: dict[str, Any] | None = None) -> str:
-    """One paragraph (Markdown) on what GRPO changed between its first and last logged
-    step: mean reward, parse rate, and the workers whose share of workflow steps moved
-    most; plus the warm start's loss when it was logged per step."""
-    reward = _first_last(history, "reward/mean")
-    if reward is None:
-        raise MissingInput("the training history has no '<stage>/reward/mean' metric")
-    stage, first, last, step0, step1 = reward
-    name = "GRPO" if stage == "grpo" else stage
-    steps = step1 - step0 + 1
-    direction = "rose" if last > first + 1e-9 else "fell" if last < first - 1e-9 else "stayed"
-    sentences = [
-        f"**What {name} changed** over {steps} logged step{'s' if steps != 1 else ''} "
-        f"({step0} → {step1}): the mean reward {direction} "
-        + (f"at {last:.2f}" if direction == "stayed" else f"from {first:.2f} to {last:.2f}")
-    ]
-    parse = _first_last(history, "rollouts/parse_rate")
-    if parse is not None:
-        sentences[-1] += (
-            f", and the share of rollouts that parse as a workflow went from "
-            f"{_pct(parse[1])} to {_pct(parse[2])}"
-        )
-    sentences[-1] += "."
-    try:
-        usage = worker_usage(history)
-    except MissingInput:
-        usage = None
-    if usage is not None and len(usage):
-        start, end = usage.iloc[0].drop("step"), usage.iloc[-1].drop("step")
-        moved = (end - start).abs().sort_values(ascending=False)
-        shown = [w for w in moved.index if moved[w] >= 0.05][:4] or [end.idxmax()]
-        changes = ", ".join(f"{_worker_label(w)} {_pct(start[w])} → {_pct(end[w])}" for w in shown)
-        top = end.idxmax()
-        sentences.append(
-            f"Share of workflow steps per worker, first → last step: {changes}; at the last "
-            f"step the Conductor calls {_worker_label(top)} most ({_pct(end[top])})."
-        )
-    sft = (adapter_info or {}).get("sft") or {}
-    try:
-        loss, _ = sft_loss(history, adapter_info)
-    except MissingInput:
-        loss = None
-    if loss is not None and len(loss) > 1:
-        sentences.append(
-            f"The warm start (SFT) took the loss from {loss['loss'].iloc[0]:.3f} to "
-            f"{loss['loss'].iloc[-1]:.3f} in {int(loss['step'].iloc[-1])} steps."
-        )
-    elif isinstance(sft, dict) and isinstance(sft.get("final_loss"), int | float):
-        sentences.append(
-            f"The warm start (SFT, {sft.get('steps')} steps) ended at loss "
-            f"{float(sft['final_loss']):.3f}."
-        )
-    return " ".join(sentences)
