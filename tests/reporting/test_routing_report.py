@@ -55,3 +55,25 @@ def test_shape_shares_per_conductor_system(results):
 def test_no_conductor_rows_is_a_missing_input(results):
     with pytest.raises(MissingInput):
         ev.routing_figure(results[results["system"].str.startswith("solo:")])
+
+
+def test_worker_choice_reads_the_workers_column_as_the_evaluation_does():
+    """Rows whose ``workers`` is missing (NaN, None), not JSON or not a list add no step;
+    the shares come from the rows that hold a JSON list, as in the summary's usage shares."""
+    results = pd.DataFrame(
+        {
+            "system": ["conductor"] * 6,
+            "domain": ["math", "math", "math", "code", "code", "code"],
+            "workers": [
+                '["sim-sage", "sim-abacus"]',
+                '["sim-sage"]',
+                float("nan"),
+                None,
+                "not json",
+                '{"sim-sage": 1}',
+            ],
+        }
+    )
+    shares = ev.worker_choice(results)
+    assert list(shares.index) == ["math"]
+    assert shares.loc["math"].to_dict() == pytest.approx({"sim-abacus": 1 / 3, "sim-sage": 2 / 3})

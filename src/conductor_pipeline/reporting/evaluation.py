@@ -18,7 +18,10 @@ from typing import Any
 
 import pandas as pd
 
+# ``_workers``: the evaluation's own reader of the ``workers`` column it writes (a JSON list
+# per row), so the report counts workflow steps exactly as the summary's usage shares do
 from conductor_pipeline.evaluation.config import CONDUCTOR_SYSTEMS
+from conductor_pipeline.evaluation.metrics import _workers
 from conductor_pipeline.reporting.display import MissingInput, new_figure
 
 PATTERNS = ("single", "chain", "independent", "tree")
@@ -170,17 +173,6 @@ def domain_accuracy_figure(by_domain: pd.DataFrame):
     matrix = domain_accuracy(by_domain)
     matrix.columns = [system_label(c) for c in matrix.columns]
     return heatmap_figure(matrix, title="Accuracy by domain and system (%)", value_label="accuracy")
-
-
-def _workers(value: Any) -> list[str]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return []
-    if value is None:
-        return []
-    return [str(v) for v in value]
 
 
 def worker_choice(results: pd.DataFrame, system: str = "conductor") -> pd.DataFrame:
