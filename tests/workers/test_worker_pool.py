@@ -15,6 +15,7 @@ from conductor_pipeline.workers import (
     WorkerCaller,
     WorkerPool,
 )
+from conductor_pipeline.workers.pricing import token_prices
 
 from .conftest import worker_entry
 from .fake_openai_server import reply_text
@@ -59,6 +60,27 @@ async def test_litellm_price_map_and_missing_usage(fake_server):
     fake_server.set_mode("gpt-4o-mini", "nousage")
     reply = await pool(0, [{"role": "user", "content": "count my tokens please"}])
     assert reply.ok and reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    await pool.aclose()
+
+
+async def test_a_live_call_costs_its_tokens_at_the_pricing_rules_prices(fake_server):
+    """Configured and LiteLLM-mapped workers alike: a live call's cost is its token counts at
+    the prices ``token_prices`` gives, the rule training and evaluation price calls by."""
+    pool = _pool(
+        fake_server,
+        worker_entry(fake_server, "sim-a", input_cost_per_token=2e-6, output_cost_per_token=5e-6),
+        worker_entry(fake_server, "gpt-4o-mini"),
+    )
+    for index, spec in enumerate(pool.specs):
+        reply = await pool(index, QUESTION)
+        prompt_price, completion_price = token_prices(spec)
+        expected = (
+            reply.usage.prompt_tokens * prompt_price
+            + reply.usage.completion_tokens * completion_price
+        )
+        assert reply.ok and reply.usage.cost_usd == pytest.approx(expected, rel=1e-9)
+        assert expected > 0
+    assert [r.cost_source for r in pool.usage_log] == ["config", "litellm"]
     await pool.aclose()
 
 

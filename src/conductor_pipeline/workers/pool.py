@@ -42,6 +42,7 @@ from typing import Any
 from .cache import ResponseCache, cache_key
 from .config import WorkerSpec, load_worker_specs
 from .faults import ProviderFaults
+from .pricing import token_prices
 from .types import FailureKind, Usage, WorkerReply
 
 __all__ = ["UsageRecord", "WorkerPool"]
@@ -479,11 +480,11 @@ class WorkerPool:
     def _cost(
         self, spec: WorkerSpec, response: Any, prompt_tokens: int, completion_tokens: int
     ) -> tuple[float, str]:
-        if spec.has_prices:
-            cost = prompt_tokens * (spec.input_cost_per_token or 0.0) + completion_tokens * (
-                spec.output_cost_per_token or 0.0
-            )
-            return cost, "config"
+        if spec.has_prices:  # configured prices win, by the rule of .pricing
+            prompt_price, completion_price = token_prices(spec) or (0.0, 0.0)
+            return prompt_tokens * prompt_price + completion_tokens * completion_price, "config"
+        # Without them the reply itself is priced rather than its token counts at the map's
+        # list price: LiteLLM's completion_cost also reads cached and reasoning tokens.
         import litellm
 
         try:
