@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import sqlite3
+import threading
 
 import pytest
 
@@ -120,3 +121,66 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
                 )
                 assert cache.get(key).text == f"{prefix} answer {i}"
         assert cache.stats["corrupt"] == 0
+
+
+def test_only_lock_errors_are_retried_and_the_last_one_is_raised(tmp_path):
+    cache = ResponseCache(tmp_path / "cache.sqlite", max_lock_retries=3)
+    calls: list[str] = []
+
+    def flaky(errors: list[str]):
+        def fn() -> str:
+            calls.append("call")
+            if errors:
+                raise sqlite3.OperationalError(errors.pop(0))
+            return "done"
+
+        return fn
+
+    assert cache._with_retry(flaky(["database is locked", "database is busy"])) == "done"
+    assert len(calls) == 3
+    calls.clear()
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        cache._with_retry(flaky(["no such table: nowhere", "database is locked"]))
+    assert len(calls) == 1  # not a lock: no second try
+    calls.clear()
+    with pytest.raises(sqlite3.OperationalError, match="locked #4"):
+        cache._with_retry(flaky([f"database is locked #{i}" for i in range(1, 9)]))
+    assert len(calls) == 4  # the first try and max_lock_retries more
+    cache.close()
+
+
+def test_a_write_waits_for_another_connection_to_release_its_lock(tmp_path):
+    """Another connection holds the write lock past the busy timeout (0 here); the write is
+    retried until that connection lets go, and lands."""
+    path = tmp_path / "cache.sqlite"
+    cache = ResponseCache(path, busy_timeout_s=0.0, max_lock_retries=60)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.1, other.rollback)
+    release.start()
+    key = cache_key("w", "openai/w", MESSAGES, {}, 0)
+    cache.put(key, "w", "four", prompt_tokens=3, completion_tokens=1)
+    release.join()
+    other.close()
+    assert cache.get(key).text == "four"
+    cache.close()
+
+
+def test_a_held_lock_fails_the_write_with_sqlites_error_once_retries_run_out(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    cache = ResponseCache(path, busy_timeout_s=0.0, max_lock_retries=1)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            cache.put(cache_key("w", "openai/w", MESSAGES, {}, 0), "w", "four")
+    finally:
+        other.rollback()
+        other.close()
+        cache.close()
+
+
+@pytest.mark.parametrize("retries", [-1, 1.5, True, "3"])
+def test_max_lock_retries_must_be_a_non_negative_integer(tmp_path, retries):
+    with pytest.raises(ValueError, match="max_lock_retries"):
+        ResponseCache(tmp_path / "cache.sqlite", max_lock_retries=retries)

@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import random
 import sqlite3
 import threading
 import time
@@ -37,6 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random_exponential,
+)
+
 __all__ = ["CacheMode", "CachedReply", "ResponseCache", "cache_key"]
 
 log = logging.getLogger(__name__)
@@ -44,6 +51,12 @@ log = logging.getLogger(__name__)
 CacheMode = Literal["read_write", "read_only", "off"]
 _MODES = ("read_write", "read_only", "off")
 _T = TypeVar("_T")
+
+# between retries of a locked database: 10 ms doubling up to 1 s, each wait stretched by a
+# random share of up to itself so that processes waiting on one writer do not retry in step
+_LOCK_WAIT = wait_exponential(multiplier=0.01, max=1.0) + wait_random_exponential(
+    multiplier=0.01, max=1.0
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -120,6 +133,14 @@ def _checksum(payload: str) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+def _is_lock_error(exc: BaseException) -> bool:
+    """SQLite's "database is locked" or "busy": worth another try, unlike other errors."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message
+
+
 class ResponseCache:
     """SQLite-backed cache of successful worker replies. See the module docstring."""
 
@@ -133,10 +154,21 @@ class ResponseCache:
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"cache mode must be one of {_MODES}, got {mode!r}")
+        if isinstance(max_lock_retries, bool) or not isinstance(max_lock_retries, int):
+            raise ValueError(f"max_lock_retries must be an integer, got {max_lock_retries!r}")
+        if max_lock_retries < 0:
+            raise ValueError(f"max_lock_retries must be >= 0, got {max_lock_retries}")
         self.path = Path(path)
         self.mode: CacheMode = mode
         self.busy_timeout_s = busy_timeout_s
         self.max_lock_retries = max_lock_retries
+        # one controller for every operation: tenacity keeps each call's state per thread
+        self._retrying = Retrying(
+            retry=retry_if_exception(_is_lock_error),
+            stop=stop_after_attempt(max_lock_retries + 1),
+            wait=_LOCK_WAIT,
+            reraise=True,  # the last "database is locked" error, not tenacity's RetryError
+        )
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -174,19 +206,10 @@ class ResponseCache:
         self._connection().execute(_SCHEMA)
 
     def _with_retry(self, fn: Callable[[], _T]) -> _T:
-        delay = 0.01
-        for attempt in range(self.max_lock_retries + 1):
-            try:
-                return fn()
-            except sqlite3.OperationalError as exc:
-                message = str(exc).lower()
-                if ("locked" not in message and "busy" not in message) or (
-                    attempt == self.max_lock_retries
-                ):
-                    raise
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 1.0)
-        raise AssertionError("unreachable")
+        """``fn()``, run again while SQLite reports the database locked or busy (another
+        connection holds the write lock past the busy timeout), at most
+        ``max_lock_retries`` more times; any other error is raised at once."""
+        return self._retrying(fn)
 
     def _count(self, stat: str) -> None:
         with self._lock:
