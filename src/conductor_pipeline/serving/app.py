@@ -23,7 +23,12 @@ Endpoints (:func:`create_app`):
   in an ``X-Conductor-Warning`` header (streamed or not). Over real workers
   ``sandbox_known_question`` and ``warning`` are null, ``simulated`` is false and no header
   is sent.
-* ``GET /v1/models`` — ``conductor`` and the served version id.
+* ``POST /v1/feedback`` — a reference answer, a verdict (``right``/``wrong``) or a score for
+  the ``request_id`` of an earlier completion (``serving.feedback``), authorized like the
+  chat endpoint. With ``serving.capture.enabled`` each answered request is kept in the
+  capture store (``serving.capture``) so feedback can be joined to it; off by default.
+* ``GET /v1/models`` — ``conductor`` and the served version id; both this and ``/ready``
+  say whether capture is on, where, and its retention (``capture``).
 * ``GET /health`` — liveness: 200 once the policy is loaded, 503 while it loads or if loading
   failed. ``GET /ready`` — readiness: the policy is loaded and every worker endpoint answers.
 
@@ -62,13 +67,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
+from conductor_pipeline.paths import project_root
 from conductor_pipeline.serving import handlers
+from conductor_pipeline.serving.capture import CaptureStore
 from conductor_pipeline.serving.errors import ApiError
 from conductor_pipeline.serving.handlers import KEEPALIVE_S, WARNING_HEADER, AppState
+from conductor_pipeline.serving.logs import secret_values
 from conductor_pipeline.serving.middleware import Gate, GuardedStream, RequestLog
 from conductor_pipeline.serving.models import ServedModel
 from conductor_pipeline.serving.responses import (
@@ -134,7 +143,9 @@ class ConductorService:
     records a trace and returns its id (``serving.tracing``); ``api_key`` enables bearer
     auth. ``question_check`` (``async (question) -> QuestionCheck | None``) tells whether the
     sandbox knows a question; by default the pool's own (``open_worker_pool`` sets one on a
-    sandbox with simulated workers).
+    sandbox with simulated workers). ``secrets`` are the values the log masks (credentials,
+    keys); the capture and feedback stores mask them too. ``root``: the project the
+    capture path is relative to (by default the one :func:`project_root` finds).
     """
 
     policy: Any
@@ -148,6 +159,8 @@ class ConductorService:
     probes: list[Probe] = field(default_factory=list)
     tracer: Callable[[OrchestrationResult, dict[str, str]], str | None] | None = None
     question_check: Callable[[str], Awaitable[Any]] | None = None
+    secrets: list[str] = field(default_factory=list, repr=False)
+    root: Path | None = None
 
     def __post_init__(self) -> None:
         if self.question_check is None:
@@ -206,10 +219,18 @@ async def warm_up_policy(service: ConductorService) -> None:
 def create_app(service: ConductorService) -> FastAPI:
     """The FastAPI app serving ``service``. The policy's ``load()`` (if any) runs in a thread
     when the app starts; ``/health`` answers 503 until it is done."""
+    # the capture store opens here (retention applied) so a bad setting fails at start-up;
+    # with capture off it touches no file
+    capture = CaptureStore(
+        service.settings.capture,
+        service.root or project_root(),
+        secrets=secret_values(service.api_key, service.secrets),
+    )
     state = AppState(
         service=service,
         gate=Gate(service.settings.max_concurrency),
         model_ids=frozenset(service.served.model_ids()),
+        capture=capture,
     )
 
     @contextlib.asynccontextmanager
@@ -233,4 +254,5 @@ def create_app(service: ConductorService) -> FastAPI:
     app.add_api_route(
         "/v1/chat/completions", handlers.chat_completions, methods=["POST"], response_model=None
     )
+    app.add_api_route("/v1/feedback", handlers.feedback, methods=["POST"], response_model=None)
     return app

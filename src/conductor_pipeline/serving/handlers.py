@@ -3,7 +3,9 @@
 
 A chat request is read and validated (``serving.schema``), checked against the key, the
 policy's state and the concurrency gate, orchestrated within ``request_timeout_s``, traced,
-and answered as one JSON body or as a stream of chunks (``serving.responses``).
+captured when ``serving.capture`` is on, and answered as one JSON body or as a stream of
+chunks (``serving.responses``). ``POST /v1/feedback`` stores a verdict, a score or a
+reference answer for an earlier completion (``serving.feedback``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from conductor_pipeline.serving.capture import CaptureStore, capture_record
 from conductor_pipeline.serving.errors import ApiError
+from conductor_pipeline.serving.feedback import FeedbackStore, parse_feedback
 from conductor_pipeline.serving.middleware import Gate, GuardedStream
 from conductor_pipeline.serving.models import PUBLIC_NAME
 from conductor_pipeline.serving.responses import (
@@ -56,15 +60,33 @@ WARNING_HEADER = "X-Conductor-Warning"
 @dataclass
 class AppState:
     """What the endpoints share: the service, the gate, the policy's state
-    (``loading``/``ready``/``error``) and the last endpoint probe (kept 2 s)."""
+    (``loading``/``ready``/``error``), the last endpoint probe (kept 2 s) and the capture
+    store (off unless ``serving.capture.enabled``; then feedback is joined to it)."""
 
     service: ConductorService
     gate: Gate
     model_ids: frozenset[str]
+    capture: CaptureStore | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
     policy: str = "loading"
     policy_error: str | None = None
     probe: tuple[float, dict[str, Any]] | None = None
+    _feedback: FeedbackStore | None = None
+
+    def feedback_store(self) -> FeedbackStore:
+        """The feedback store next to the capture folder, opened at the first feedback: with
+        capture off, a server that receives none creates no folder."""
+        if self._feedback is None:
+            if self.capture is None:
+                raise ApiError(503, "feedback is not available on this server", code="no_store")
+            self._feedback = FeedbackStore(self.capture)
+        return self._feedback
+
+    def describe_capture(self) -> dict[str, Any]:
+        """For ``/ready`` and ``/v1/models``: capture on or off, where, the retention."""
+        if self.capture is None:
+            return {"enabled": False}
+        return self.capture.describe()
 
 
 def app_state(request: Request) -> AppState:
@@ -200,6 +222,18 @@ async def check_question(state: AppState, question: str) -> Any:
         return None
 
 
+async def capture(state: AppState, question: str, answer: str, record: dict[str, Any]) -> None:
+    """Keep the request in the capture store (a no-op while capture is off). A failure is
+    logged and never fails the answer: the client asked a question, not for a record."""
+    store = state.capture
+    if store is None or not store.enabled:
+        return
+    try:
+        await store.append_async(capture_record(question, answer, record))
+    except Exception as exc:
+        log.warning("request %s not captured: %s", record.get("request_id"), type(exc).__name__)
+
+
 def note(state: AppState, details: dict[str, Any], result: OrchestrationResult) -> None:
     final = result.final_round
     details.update(
@@ -263,6 +297,7 @@ async def ready(request: Request) -> JSONResponse:
             "in_flight": state.gate.active,
             "max_concurrency": state.gate.limit,
             "model": state.service.served.id,
+            "capture": state.describe_capture(),
         },
     )
 
@@ -278,8 +313,24 @@ async def models(request: Request) -> dict[str, Any]:
         "version": served.version,
         "alias": served.alias,
         "served": served.id,
+        "capture": state.describe_capture(),
     }
     return {"object": "list", "data": [{"id": PUBLIC_NAME, **entry}, {"id": served.id, **entry}]}
+
+
+async def feedback(request: Request) -> JSONResponse:
+    """``POST /v1/feedback``: a reference answer, a verdict or a score for an earlier
+    completion (rules and replies: ``serving.feedback``)."""
+    state = app_state(request)
+    authorize(state, request)
+    body = parse_feedback(await read_json(request, state.service.settings.max_body_bytes))
+    details = request.scope.get("conductor.log")
+    if isinstance(details, dict):
+        details["feedback_kind"] = next(
+            k for k in ("reference_answer", "verdict", "score") if getattr(body, k) is not None
+        )
+    status, reply = await state.feedback_store().submit_async(body)
+    return SafeJSONResponse(status_code=status, content=reply)
 
 
 async def chat_completions(request: Request) -> Any:
@@ -326,6 +377,7 @@ async def chat_completions(request: Request) -> Any:
     record = conductor_record(result, service.served, request_id, config, trace_id, checked)
     if result.format_failure:
         raise format_failure(result, record)
+    await capture(state, question, result.answer, record)
     return SafeJSONResponse(
         completion_body(request_id, body.model, service.served, result, record), headers=warning
     )
@@ -386,6 +438,8 @@ async def stream(
                 details["error_code"] = error.code
                 yield sse(error.body())
                 break
+            # captured before the answer goes out, so feedback sent on it finds the request
+            await capture(state, question, result.answer, record)
             if result.answer:
                 yield sse(chunk({"content": result.answer}))
             yield sse(chunk({}, "stop", conductor=record))

@@ -259,6 +259,8 @@ def serve(
             api_key=api_key,
             probes=probes,
             tracer=tracer,
+            secrets=list(formatter.secrets),
+            root=config.root,
         )
         sock = bind_socket(settings.host, settings.port)
         bound = sock.getsockname()[1]
