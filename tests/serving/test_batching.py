@@ -455,3 +455,49 @@ def test_the_concurrency_benchmark_reports_each_client_count():
     for case in (one, four):
         assert case["throughput_rps"] > 0 and 0 < case["latency_p50_s"] <= case["latency_p95_s"]
     assert figures["ready_s"] > 0
+
+
+def test_the_window_is_skipped_only_for_a_lone_request():
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=10_000))
+    waiting = _Waiting_stub()
+    policy._queue = [waiting]
+    assert not policy._alone()  # no count of requests in flight: the window runs
+    in_flight = [2]
+    policy.in_flight = lambda: in_flight[0]
+    assert not policy._alone()  # another request is on its way
+    in_flight[0] = 1
+    assert policy._alone()
+    policy._last_rows = 3  # right after a batch of several, their clients come back
+    assert not policy._alone()
+
+    async def lone():  # answered within a few turns of the loop, not after the 10 s window
+        policy._last_rows = 1
+        task = asyncio.create_task(_ask(policy, "solo", 4))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert task.done()
+        return task.result()
+
+    assert asyncio.run(lone()).text == "solo#4"
+
+
+def _Waiting_stub():  # noqa: N802, ANN202
+    from conductor_pipeline.serving.batching import _Waiting
+
+    loop = asyncio.new_event_loop()
+    try:
+        return _Waiting((0.7, 16), _msgs("x"), 0, loop.create_future(), 0.0)
+    finally:
+        loop.close()
+
+
+def test_the_server_tells_the_batcher_how_many_requests_are_in_flight():
+    policy = MicroBatchingPolicy(ScriptedBatches(), BatchingSettings(max_wait_ms=0))
+    with BackgroundServer(make_service(policy)) as server:
+        server.wait_ready()
+        assert policy.in_flight is not None and policy.in_flight() == 0
+        server.app.state.gate.try_enter()
+        assert policy.in_flight() == 1
+        server.app.state.gate.leave()
+        assert post(server, ask()).status_code == 200

@@ -8,8 +8,13 @@ capacity unused. :class:`MicroBatchingPolicy` wraps a policy that has ``complete
 samples that requests are waiting for at the same moment in one batched call:
 
 - a sample that arrives while nothing is generating waits at most ``max_wait_ms`` for
-  others to join; samples that arrive while a batch is generating form the next batch as
-  soon as it ends (they have waited longer than the window already);
+  others to join. A lone user does not wait: when the last batch had one row and every
+  request in flight is already waiting (the API says how many are in flight,
+  :attr:`MicroBatchingPolicy.in_flight`), the batch starts at once. After a batch of
+  several rows the window runs: the clients those requests came from are a moment behind
+  with their next ones, and a batch of one would hold them all for a whole generation.
+  Samples that arrive while a batch is generating form the next batch as soon as it ends
+  (they have waited longer than the window already);
 - a batch holds at most ``max_batch`` samples, all with the same temperature and token
   limit (the oldest waiting sample's; the others wait for a later batch). In serving every
   request uses the server's ``conductor.sampling``, so this is one group in practice;
@@ -34,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -48,7 +53,7 @@ class BatchingSettings:
 
     enabled: bool = True
     max_batch: int = 16
-    max_wait_ms: float = 20.0
+    max_wait_ms: float = 200.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -115,6 +120,10 @@ class MicroBatchingPolicy:
     It is a Conductor policy itself (``name``, ``complete``) and passes ``load`` and
     ``warm_up`` through, so the API treats it as the policy it wraps. Bound to the event
     loop of its first request; a new loop (tests) starts with an empty queue.
+
+    ``in_flight`` (set by the server: its count of admitted requests) ends the window once
+    that many samples wait, while the last batch had one row; ``None``: the window always
+    runs its course.
     """
 
     def __init__(self, policy: Any, settings: BatchingSettings | None = None) -> None:
@@ -132,6 +141,8 @@ class MicroBatchingPolicy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._drainer: asyncio.Task | None = None
+        self.in_flight: Callable[[], int] | None = None
+        self._last_rows = 0  # rows of the last batch: after several, expect more to come
 
     def __repr__(self) -> str:
         return f"MicroBatchingPolicy({self.policy!r}, max_batch={self.max_batch})"
@@ -194,7 +205,7 @@ class MicroBatchingPolicy:
             first = self._queue[0]
             group = [w for w in self._queue if w.key == first.key][: self.max_batch]
             remaining = first.arrived + self.max_wait_s - loop.time()
-            if len(group) >= self.max_batch or remaining <= 0:
+            if len(group) >= self.max_batch or remaining <= 0 or self._alone():
                 taken = set(map(id, group))
                 self._queue = [w for w in self._queue if id(w) not in taken]
                 return group
@@ -202,9 +213,17 @@ class MicroBatchingPolicy:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), remaining)
 
+    def _alone(self) -> bool:
+        """Whether no other request is expected soon: every request in flight waits here
+        and the last batch had a single row."""
+        if self.in_flight is None or self._last_rows > 1:
+            return False
+        return len(self._queue) >= self.in_flight()
+
     async def _generate(self, batch: list[_Waiting]) -> None:
         temperature, max_tokens = batch[0].key
         self.stats.sizes[len(batch)] += 1
+        self._last_rows = len(batch)
         try:
             if len(batch) == 1:
                 only = batch[0]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.serving.app import ConductorService, Probe, create_app
-from conductor_pipeline.serving.batching import batched_policy
+from conductor_pipeline.serving.batching import MicroBatchingPolicy, batched_policy
 from conductor_pipeline.serving.logs import configure_json_logging, secret_values
 from conductor_pipeline.serving.models import ModelResolutionError, resolve_served_model
 from conductor_pipeline.serving.policy_server import PolicyServerError, VllmPolicyServer
@@ -105,6 +105,16 @@ def in_process_policy(
     from conductor_pipeline.workflow.config import build_policy
 
     return batched_policy(build_policy(policy_params, adapter_dir=adapter_dir), settings.batching)
+
+
+def serving_app(service: ConductorService) -> Any:
+    """The API app for ``service``; a micro-batcher in front of its policy learns how many
+    requests the app has admitted (its window closes once all of them wait for it)."""
+    app = create_app(service)
+    if isinstance(service.policy, MicroBatchingPolicy):
+        gate = app.state.gate
+        service.policy.in_flight = lambda: gate.active
+    return app
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -269,7 +279,7 @@ def serve(
             f"policy {policy.name}, auth {'on' if api_key else 'off'})",
             flush=True,
         )
-        server = _server_class()(uvicorn_config(create_app(service), settings))
+        server = _server_class()(uvicorn_config(serving_app(service), settings))
         server.run(sockets=[sock])
     log.info("stopped")
     return 0
@@ -285,7 +295,7 @@ class BackgroundServer:
     def __init__(self, service: ConductorService, host: str = "127.0.0.1", port: int = 0):
         import uvicorn
 
-        self.app = create_app(service)
+        self.app = serving_app(service)
         self.sock = bind_socket(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn_config(self.app, service.settings))

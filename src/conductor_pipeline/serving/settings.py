@@ -19,7 +19,7 @@
       tracing_experiment: conductor-serving
       warm_up: true               # at start-up: cache the prompt opening, one short generation
       limits: {max_steps: 10, max_tokens: null, max_cost_usd: null, max_rounds: 2}
-      batching: {enabled: true, max_batch: 16, max_wait_ms: 20}   # see serving.batching
+      batching: {enabled: true, max_batch: 16, max_wait_ms: 200}   # see serving.batching
       capture: {enabled: false, ...}   # opt-in request capture, see serving.capture
       vllm: {...}                 # see conductor_pipeline.serving.policy_server.VllmSettings
 

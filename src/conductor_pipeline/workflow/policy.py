@@ -39,7 +39,9 @@ class ConductorPolicy(Protocol):
 
 
 class LocalPolicy:
-    """A transformers causal LM on this machine, generating one completion at a time.
+    """A transformers causal LM on this machine: one completion (``complete``) or a batch of
+    them (``complete_many``, used by evaluation and by the API's micro-batcher), one
+    generation at a time.
 
     ``model_dir`` is a Hugging Face model folder; ``None`` means the SmolLM2 copy that
     :func:`conductor_pipeline.workers.local_model.load_smollm2` prepares offline.
