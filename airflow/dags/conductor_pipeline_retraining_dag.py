@@ -75,6 +75,10 @@ def conductor_pipeline():
     def make_splits():
         _run_kedro_node(node_names=["make_splits"])
 
+    @task(task_id="collect-retraining-sources")
+    def collect_retraining_sources():
+        _run_kedro_node(node_names=["collect_retraining_sources"])
+
     @task(task_id="summarise-splits")
     def summarise_splits():
         _run_kedro_node(node_names=["summarise_splits"])
@@ -86,6 +90,10 @@ def conductor_pipeline():
     @task(task_id="register-conductor")
     def register_conductor():
         _run_kedro_node(node_names=["register_conductor"])
+
+    @task(task_id="evaluate-traffic-slice")
+    def evaluate_traffic_slice():
+        _run_kedro_node(node_names=["evaluate_traffic_slice"])
 
     @task(task_id="render-training-report")
     def render_training_report():
@@ -119,6 +127,10 @@ def conductor_pipeline():
     def render_evaluation_report():
         _run_kedro_node(node_names=["render_evaluation_report"])
 
+    @task(task_id="commit-source-watermarks")
+    def commit_source_watermarks():
+        _run_kedro_node(node_names=["commit_source_watermarks"])
+
     @task(task_id="release-retraining-lock")
     def release_retraining_lock():
         _run_kedro_node(node_names=["release_retraining_lock"])
@@ -129,9 +141,11 @@ def conductor_pipeline():
         "add-logged-questions": add_logged_questions(),
         "deduplicate-tasks": deduplicate_tasks(),
         "make-splits": make_splits(),
+        "collect-retraining-sources": collect_retraining_sources(),
         "summarise-splits": summarise_splits(),
         "train-conductor": train_conductor(),
         "register-conductor": register_conductor(),
+        "evaluate-traffic-slice": evaluate_traffic_slice(),
         "render-training-report": render_training_report(),
         "run-evaluation": run_evaluation(),
         "log-conductor-traces": log_conductor_traces(),
@@ -140,34 +154,47 @@ def conductor_pipeline():
         "promote-challenger": promote_challenger(),
         "log-promotion-metrics": log_promotion_metrics(),
         "render-evaluation-report": render_evaluation_report(),
+        "commit-source-watermarks": commit_source_watermarks(),
         "release-retraining-lock": release_retraining_lock(),
     }
     tasks["acquire-retraining-lock"] >> tasks["add-logged-questions"]
     tasks["collect-tasks"] >> tasks["add-logged-questions"]
     tasks["add-logged-questions"] >> tasks["deduplicate-tasks"]
     tasks["deduplicate-tasks"] >> tasks["make-splits"]
+    tasks["acquire-retraining-lock"] >> tasks["collect-retraining-sources"]
+    tasks["make-splits"] >> tasks["collect-retraining-sources"]
     tasks["deduplicate-tasks"] >> tasks["summarise-splits"]
     tasks["make-splits"] >> tasks["summarise-splits"]
-    tasks["make-splits"] >> tasks["train-conductor"]
+    tasks["collect-retraining-sources"] >> tasks["train-conductor"]
     tasks["train-conductor"] >> tasks["register-conductor"]
+    tasks["make-splits"] >> tasks["evaluate-traffic-slice"]
+    tasks["collect-retraining-sources"] >> tasks["evaluate-traffic-slice"]
+    tasks["register-conductor"] >> tasks["evaluate-traffic-slice"]
     tasks["train-conductor"] >> tasks["render-training-report"]
     tasks["register-conductor"] >> tasks["render-training-report"]
     tasks["make-splits"] >> tasks["run-evaluation"]
+    tasks["collect-retraining-sources"] >> tasks["run-evaluation"]
     tasks["register-conductor"] >> tasks["run-evaluation"]
     tasks["run-evaluation"] >> tasks["log-conductor-traces"]
     tasks["run-evaluation"] >> tasks["summarise-evaluation"]
     tasks["run-evaluation"] >> tasks["summarise-routing"]
+    tasks["evaluate-traffic-slice"] >> tasks["promote-challenger"]
     tasks["run-evaluation"] >> tasks["promote-challenger"]
     tasks["summarise-evaluation"] >> tasks["promote-challenger"]
     tasks["promote-challenger"] >> tasks["log-promotion-metrics"]
     tasks["run-evaluation"] >> tasks["render-evaluation-report"]
     tasks["summarise-evaluation"] >> tasks["render-evaluation-report"]
     tasks["promote-challenger"] >> tasks["render-evaluation-report"]
+    tasks["collect-retraining-sources"] >> tasks["commit-source-watermarks"]
+    tasks["render-training-report"] >> tasks["commit-source-watermarks"]
+    tasks["promote-challenger"] >> tasks["commit-source-watermarks"]
+    tasks["render-evaluation-report"] >> tasks["commit-source-watermarks"]
     tasks["acquire-retraining-lock"] >> tasks["release-retraining-lock"]
     tasks["add-logged-questions"] >> tasks["release-retraining-lock"]
     tasks["render-training-report"] >> tasks["release-retraining-lock"]
     tasks["promote-challenger"] >> tasks["release-retraining-lock"]
     tasks["render-evaluation-report"] >> tasks["release-retraining-lock"]
+    tasks["commit-source-watermarks"] >> tasks["release-retraining-lock"]
 
 
 conductor_pipeline()

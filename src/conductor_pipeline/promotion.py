@@ -28,11 +28,15 @@ class Gates:
     ``max_cost_increase``: cost per question may be higher by at most this fraction.
     ``min_parse_rate``: share of questions with a parseable workflow, required even when there
     is no champion yet.
+    ``max_slice_accuracy_drop``: on the new evaluation slice (served answers judged right
+    since the last retraining), accuracy may be lower than the champion's by at most this
+    much: 0 asks for improvement or parity. Applies only where a slice was measured.
     """
 
     max_accuracy_drop: float = 0.0
     max_cost_increase: float = 0.10
     min_parse_rate: float = 0.5
+    max_slice_accuracy_drop: float = 0.0
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Gates:
@@ -92,6 +96,32 @@ def decide(challenger: Figures, champion: Figures | None, gates: Gates) -> Decis
             f"({'within' if checks['cost'] else 'beyond'} +{gates.max_cost_increase:.0%})"
         )
     return Decision(all(checks.values()), reasons, challenger, champion, gates, checks)
+
+
+def gate_new_slice(decision: Decision, new_slice: dict[str, Any] | None) -> str | None:
+    """Add the new-slice gate to ``decision`` (a check and a reason; ``promote`` turns false
+    when it fails). ``new_slice``: the challenger's and the champion's figures on the slice
+    (``challenger``, ``champion``) or ``skipped`` with the reason, which is returned (and
+    noted among the reasons) when the gate does not apply."""
+    new_slice = new_slice or {}
+    skipped = new_slice.get("skipped")
+    challenger, champion = new_slice.get("challenger"), new_slice.get("champion")
+    if not skipped and (not challenger or not champion):
+        skipped = "no figures of both versions on the new evaluation slice"
+    if skipped:
+        decision.reasons.append(f"new-slice gate skipped: {skipped}")
+        return str(skipped)
+    drop = float(champion["accuracy"]) - float(challenger["accuracy"])
+    passed = drop <= decision.gates.max_slice_accuracy_drop + 1e-12
+    decision.checks["new_slice"] = passed
+    decision.reasons.append(
+        f"new slice ({int(challenger.get('n') or 0)} served questions): accuracy "
+        f"{float(challenger['accuracy']):.3f} vs champion {float(champion['accuracy']):.3f} "
+        f"({'within' if passed else 'beyond'} the allowed drop "
+        f"{decision.gates.max_slice_accuracy_drop:.3f})"
+    )
+    decision.promote = decision.promote and passed
+    return None
 
 
 def _client():

@@ -226,9 +226,11 @@ def _gate_against_champion(
     summary: pd.DataFrame,
     results: pd.DataFrame | None,
     settings: tuple[Gates, str, bool],
+    new_slice: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Decide with the gates against the champion's figures (from this evaluation or those
-    recorded on the champion) and apply the decision; refuse when the champion has none."""
+    recorded on the champion), and on the new evaluation slice when one was measured; apply
+    the decision; refuse when the champion has none."""
     gates, champion_system, require_same = settings
     champion_figs, source, same = None, "", True
     notes: list[str] = []
@@ -253,6 +255,10 @@ def _gate_against_champion(
                 gates=vars(gates),
             )
     decision = promotion.decide(challenger, champion_figs, gates)
+    if new_slice is not None and champion_figs is not None:
+        skipped = promotion.gate_new_slice(decision, new_slice)
+        if skipped:
+            logger.info("promotion of conductor/%s: new-slice gate skipped: %s", version, skipped)
     if champion and not same:
         notes.append("the comparison is indicative: the test questions differ")
         if require_same:
@@ -271,6 +277,7 @@ def _gate_against_champion(
         checks=decision.checks,
         gates=vars(gates),
         test_questions=test_questions,
+        **({"new_slice": new_slice} if new_slice is not None else {}),
     )
 
 
@@ -279,9 +286,12 @@ def promote_challenger(
     evaluation_run_info: dict[str, Any],
     evaluation_results: pd.DataFrame,
     params: dict[str, Any],
+    new_slice: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Mark the version the evaluation measured ``challenger`` (in the default and retraining
-    pipelines: the version training just registered), gate it against the champion, record
+    pipelines: the version training just registered), gate it against the champion (on the
+    fixed test set and, in retraining, on ``new_slice``: both versions' figures on the served
+    questions judged since the last run, see ``pipelines.retraining.sources``), record
     the decision on the version (``promotion.*`` tags), move ``champion`` if it passed.
     Returns the decision record shown in the evaluation report.
 
@@ -312,7 +322,14 @@ def promote_challenger(
             gates=vars(settings[0]),
         )
     return _gate_against_champion(
-        version, champion, challenger, test_questions, evaluation_summary, results, settings
+        version,
+        champion,
+        challenger,
+        test_questions,
+        evaluation_summary,
+        results,
+        settings,
+        new_slice,
     )
 
 

@@ -68,8 +68,10 @@ def release_lock(
     evaluation_report: str,
     logged_questions_summary: dict[str, Any],
     params: dict[str, Any],
+    retraining_watermarks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The last node: release the lock (if still ours) and summarise the run."""
+    """The last node: release the lock (if still ours) and summarise the run, with the
+    growing sources' watermarks it committed (``unchanged`` when nothing was new)."""
     params = _settings(params)
     released = release_claim(_lock_path(params), retraining_lock.get("token"))
     finished = time.time()
@@ -87,6 +89,7 @@ def release_lock(
             "evaluation_report_bytes": len(evaluation_report or ""),
         },
         "logged_questions": logged_questions_summary,
+        **({"sources": retraining_watermarks} if retraining_watermarks is not None else {}),
     }
 
 

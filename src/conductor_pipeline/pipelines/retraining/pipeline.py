@@ -1,6 +1,9 @@
 """retraining: lock → data_prep on fresh data (configured sources + logged questions) →
-training from the champion's adapter → evaluation → promotion → reports → unlock. Composed
-from the other pipelines, so a change to any stage reaches the scheduled run too."""
+what is new in the growing sources (served traffic with feedback, drop folder, LiveCodeBench)
+joins the training split, the new evaluation slice beside it → training from the champion's
+adapter → evaluation on the fixed test split, and of challenger and champion on the new
+slice → promotion gated on both → reports → watermarks committed → unlock. Composed from the
+other pipelines, so a change to any stage reaches the scheduled run too."""
 
 from kedro.pipeline import Node, Pipeline
 
@@ -16,6 +19,55 @@ from conductor_pipeline.pipelines.retraining.nodes import (
     add_logged_questions,
     release_lock,
 )
+from conductor_pipeline.pipelines.retraining.sources import (
+    collect_retraining_sources,
+    commit_source_watermarks,
+    evaluate_traffic_slice,
+)
+
+# the training split with the growing sources' new tasks: what training and evaluation read
+_TRAIN = {"train_tasks": "retraining_train_tasks"}
+
+
+def _growing_sources() -> Pipeline:
+    return Pipeline(
+        [
+            Node(
+                collect_retraining_sources,
+                ["train_tasks", "test_tasks", "retraining_lock", "params:retraining_sources"],
+                ["retraining_train_tasks", "traffic_slice_tasks", "retraining_sources_report"],
+                name="collect_retraining_sources",
+            ),
+            Node(
+                evaluate_traffic_slice,
+                [
+                    "traffic_slice_tasks",
+                    "retraining_train_tasks",
+                    "validation_tasks",
+                    "worker_pool_config",
+                    "worker_credentials",
+                    "params:conductor",
+                    "params:evaluation",
+                    "params:serving",
+                    "conductor_model_version",
+                ],
+                ["traffic_slice_results", "traffic_slice_figures"],
+                name="evaluate_traffic_slice",
+            ),
+            Node(
+                commit_source_watermarks,
+                [
+                    "retraining_sources_report",
+                    "promotion_decision",
+                    "training_report",
+                    "evaluation_report",
+                    "params:retraining_sources",
+                ],
+                "retraining_watermarks",
+                name="commit_source_watermarks",
+            ),
+        ]
+    )
 
 
 def create_pipeline(**kwargs) -> Pipeline:
@@ -44,6 +96,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                     "evaluation_report",
                     "logged_questions_summary",
                     "params:retraining",
+                    "retraining_watermarks",
                 ],
                 "retraining_report",
                 name="release_retraining_lock",
@@ -54,8 +107,11 @@ def create_pipeline(**kwargs) -> Pipeline:
         bookends
         + collect
         + rest_of_prep
-        + training.create_pipeline(start_from="params:retraining.start_from")
-        + evaluation.create_pipeline(after_training=True)
-        + promotion.create_pipeline()
+        + _growing_sources()
+        + Pipeline(
+            training.create_pipeline(start_from="params:retraining.start_from"), inputs=_TRAIN
+        )
+        + Pipeline(evaluation.create_pipeline(after_training=True), inputs=_TRAIN)
+        + promotion.create_pipeline(new_slice="traffic_slice_figures")
         + reporting.create_pipeline()
     )
