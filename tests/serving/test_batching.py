@@ -454,6 +454,7 @@ def test_the_concurrency_benchmark_reports_each_client_count():
     assert sum(int(n) * c for n, c in four["batch_sizes"].items()) == 8
     for case in (one, four):
         assert case["throughput_rps"] > 0 and 0 < case["latency_p50_s"] <= case["latency_p95_s"]
+        assert case["first_round_s"] > 0  # the unmeasured first round, reported apart
     assert figures["ready_s"] > 0
 
 
@@ -501,3 +502,32 @@ def test_the_server_tells_the_batcher_how_many_requests_are_in_flight():
         assert policy.in_flight() == 1
         server.app.state.gate.leave()
         assert post(server, ask()).status_code == 200
+
+
+def test_after_a_batch_of_several_the_window_waits_for_their_clients():
+    """A request that has waited through a whole generation does not start the next batch
+    alone: the window counts from the end of the batch of several rows before it."""
+    fake = FakePolicy()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=3, max_wait_ms=10_000))
+
+    async def turns(n: int = 10) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    async def go():
+        fake.hold = asyncio.Event()
+        first = [asyncio.create_task(_ask(policy, f"a{i}", i)) for i in range(3)]  # full
+        await fake.started.wait()
+        late = asyncio.create_task(_ask(policy, "b0", 10))
+        await turns()
+        policy._queue[0].arrived -= 3600  # as if the generation had taken an hour
+        fake.hold.set()
+        await asyncio.gather(*first)
+        await turns()
+        assert not late.done() and len(fake.calls) == 1  # waits for the others to return
+        more = [asyncio.create_task(_ask(policy, f"b{i}", 10 + i)) for i in (1, 2)]
+        return await asyncio.gather(late, *more)
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == ["b0#10", "b1#11", "b2#12"]
+    assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1, 2], [10, 11, 12]]

@@ -11,10 +11,10 @@ samples that requests are waiting for at the same moment in one batched call:
   others to join. A lone user does not wait: when the last batch had one row and every
   request in flight is already waiting (the API says how many are in flight,
   :attr:`MicroBatchingPolicy.in_flight`), the batch starts at once. After a batch of
-  several rows the window runs: the clients those requests came from are a moment behind
-  with their next ones, and a batch of one would hold them all for a whole generation.
-  Samples that arrive while a batch is generating form the next batch as soon as it ends
-  (they have waited longer than the window already);
+  several rows the next one waits for the window counted from that batch's end: the
+  requests that batch served are in their worker steps, and the clients behind them are
+  a moment away from their next requests; starting without them would split the load
+  into two half-size batches that take turns from then on;
 - a batch holds at most ``max_batch`` samples, all with the same temperature and token
   limit (the oldest waiting sample's; the others wait for a later batch). In serving every
   request uses the server's ``conductor.sampling``, so this is one group in practice;
@@ -143,6 +143,7 @@ class MicroBatchingPolicy:
         self._drainer: asyncio.Task | None = None
         self.in_flight: Callable[[], int] | None = None
         self._last_rows = 0  # rows of the last batch: after several, expect more to come
+        self._last_end = float("-inf")  # loop time at which it ended
 
     def __repr__(self) -> str:
         return f"MicroBatchingPolicy({self.policy!r}, max_batch={self.max_batch})"
@@ -187,7 +188,7 @@ class MicroBatchingPolicy:
                 if not batch:
                     return
                 await self._generate(batch)
-                batch = []
+                self._last_end, batch = asyncio.get_running_loop().time(), []
         finally:
             # only on loop shutdown or a bug: nobody must wait for a batch that will not run
             for waiting in [*batch, *self._queue]:
@@ -204,7 +205,8 @@ class MicroBatchingPolicy:
                 return []
             first = self._queue[0]
             group = [w for w in self._queue if w.key == first.key][: self.max_batch]
-            remaining = first.arrived + self.max_wait_s - loop.time()
+            opened = first.arrived if self._last_rows <= 1 else max(first.arrived, self._last_end)
+            remaining = opened + self.max_wait_s - loop.time()
             if len(group) >= self.max_batch or remaining <= 0 or self._alone():
                 taken = set(map(id, group))
                 self._queue = [w for w in self._queue if id(w) not in taken]
