@@ -6,10 +6,17 @@ commit), the promotion gate on the new slice, and (slow) the whole loop on the s
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import pytest
+import yaml
+from mlflow.tracking import MlflowClient
 
 from conductor_pipeline import promotion
 from conductor_pipeline.pipelines.retraining.sources import (
@@ -21,6 +28,7 @@ from conductor_pipeline.promotion import Decision, Figures, Gates
 from conductor_pipeline.serving.capture import CaptureSettings, capture_record
 from conductor_pipeline.serving.feedback import open_stores, parse_feedback
 from conductor_pipeline.tasks import Task
+from conductor_pipeline.tasks.splits import normalise_question
 from tests.pipelines.test_promotion_pipeline import promote, summary, tags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,3 +189,176 @@ def test_promotion_refuses_a_version_that_regresses_on_the_new_slice(registry):
     )
     assert skipped["decision"] == "promoted"
     assert "new-slice gate skipped: none new" in skipped["reasons"]
+
+
+# ------------------------------------------------------------------ end to end on the sandbox
+
+# Every node of the retraining pipeline that reads or moves data, run as the Airflow DAG runs
+# them (`kedro run --nodes`). Training, evaluation on the fixed split, promotion and the
+# reports are left out (minutes of GRPO on CPU per run); the nodes after them read their
+# stored outputs, which the test writes.
+_RUN_NODES = [
+    "acquire_retraining_lock",
+    "collect_tasks",
+    "add_logged_questions",
+    "deduplicate_tasks",
+    "make_splits",
+    "collect_retraining_sources",
+    "evaluate_traffic_slice",
+    "commit_source_watermarks",
+    "release_retraining_lock",
+]
+
+
+def _sandbox_project(root: Path) -> Path:
+    """The base configuration on a small sandbox (simulated workers that also know the
+    prepared tasks in ``served_tasks.parquet``, not only the split ones), the scripted Conductor, capture on and the
+    traffic source on (watermarks in the project's MLflow store, the default)."""
+    (root / "conf" / "local").mkdir(parents=True)
+    (root / "src").mkdir()
+    shutil.copy(REPO / "pyproject.toml", root)
+    shutil.copytree(REPO / "conf" / "base", root / "conf" / "base")
+    local = root / "conf" / "local"
+    pool = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())
+    sandbox = pool["worker_pool"]["sandbox"]
+    sandbox.update(load_real_model=False, latency_scale=0.0, workers=["sim-sage", "sim-abacus"])
+    sandbox["tasks"] = [*sandbox["tasks"], "data/01_raw/served_tasks.parquet"]
+    (local / "workers.yml").write_text(yaml.safe_dump(pool))
+    conductor = yaml.safe_load((REPO / "conf/base/parameters_conductor.yml").read_text())
+    conductor["conductor"]["policy"] = {"kind": "scripted", "worker": 0, "adapter": None}
+    (local / "parameters_conductor.yml").write_text(yaml.safe_dump(conductor))
+    (local / "parameters_serving.yml").write_text(
+        yaml.safe_dump({"serving": {"capture": {"enabled": True}}})
+    )
+    (local / "parameters_retraining.yml").write_text(
+        yaml.safe_dump({"retraining_sources": {"traffic": {"enabled": True}}})
+    )
+    return root
+
+
+def _kedro(project: Path, *args: str) -> None:
+    env = {
+        **os.environ,
+        "CONDUCTOR_PROJECT_ROOT": str(project),
+        "KEDRO_DISABLE_TELEMETRY": "true",
+    }
+    env.pop("MLFLOW_TRACKING_URI", None)  # the project's own store (conf/base/mlflow.yml)
+    done = subprocess.run(
+        [sys.executable, "-m", "kedro", "run", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+def _read(project: Path, name: str) -> pd.DataFrame:
+    return pd.read_parquet(project / "data" / "05_model_input" / f"{name}.parquet")
+
+
+def _watermark(project: Path) -> str | None:
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("conductor-retraining")
+    return None if experiment is None else experiment.tags.get("watermark.traffic")
+
+
+@pytest.mark.slow
+def test_served_traffic_with_feedback_reaches_the_next_retraining(tmp_path):
+    """Serve with capture on, ask prepared questions, send feedback through the OpenAI
+    client, run the retraining pipeline: the questions with a reference answer are in its
+    training data, those judged right in its evaluation slice, the test-split question in
+    neither, the watermark moved; a second run with no new traffic is ``unchanged``."""
+    from openai import OpenAI
+
+    from tests.serving.conftest import ServeProcess, serve_env
+
+    project = _sandbox_project(tmp_path / "project")
+    _kedro(project, "--pipelines", "data_prep")
+    raw = pd.read_parquet(project / "data" / "01_raw" / "tasks.parquet")
+    in_splits = {
+        normalise_question(q)
+        for name in ("train", "validation", "test")
+        for q in _read(project, f"{name}_tasks")["question"]
+    }
+    # questions the sources count as one (same normalised text) would make a repeat
+    raw["key"] = raw["question"].map(normalise_question)
+    unsplit = raw[~raw["key"].isin(in_splits) & (raw["answer_format"] == "number")]
+    chosen = unsplit.drop_duplicates("key").sort_values("id").head(6).drop(columns="key")
+    assert len(chosen) == 6, "the prepared tasks left out of the splits are the new questions"
+    chosen.to_parquet(project / "data" / "01_raw" / "served_tasks.parquet")
+    anchor = _read(project, "test_tasks").iloc[0]
+
+    key = "sk-e2e-traffic-5c2a9e71"
+    process = ServeProcess(project, [], serve_env(tmp_path, CONDUCTOR_API_KEY=key)).start()
+    try:
+        client = OpenAI(base_url=process.base_url, api_key=key, max_retries=0)
+
+        def ask(question: str) -> str:
+            reply = client.chat.completions.create(
+                model="conductor", messages=[{"role": "user", "content": question}]
+            )
+            return reply.id
+
+        def feedback(request_id: str, **body: object) -> dict:
+            sent = client.post(
+                "/feedback", cast_to=httpx.Response, body={"request_id": request_id, **body}
+            )
+            return sent.json()
+
+        references, judged = chosen.iloc[:3], chosen.iloc[3:]
+        for task in references.itertuples():
+            reply = feedback(ask(task.question), reference_answer=task.answer)
+            assert reply["joinable"] and reply["kind"] == "reference_answer"
+        verdicts = ["right", "right", "wrong"]
+        for task, verdict in zip(judged.itertuples(), verdicts, strict=True):
+            assert feedback(ask(task.question), verdict=verdict)["kind"] == "verdict"
+        feedback(ask(anchor["question"]), reference_answer=str(anchor["answer"]))
+    finally:
+        assert process.stop() == 0, process.output
+
+    reporting = project / "data" / "08_reporting"
+    (reporting / "promotion_decision.json").write_text('{"decision": "unchanged"}')
+    (reporting / "training_report.html").write_text("<html></html>")
+    (reporting / "evaluation_report.html").write_text("<html></html>")
+    (project / "data" / "06_models" / "conductor").mkdir(parents=True)
+    (project / "data" / "06_models" / "conductor" / "registered_model.json").write_text("{}")
+
+    assert _watermark(project) is None
+    _kedro(project, "--pipelines", "retraining", "--nodes", ",".join(_RUN_NODES))
+    train, joined = _read(project, "train_tasks"), _read(project, "retraining_train_tasks")
+    added = joined.iloc[len(train) :]
+    assert sorted(added["question"]) == sorted(references["question"])
+    assert all(added["id"].str.startswith("traffic/")) and anchor["question"] not in set(
+        joined["question"]
+    )
+    assert list(added.sort_values("question")["answer"]) == list(
+        references.sort_values("question")["answer"]
+    )
+    new_slice = _read(project, "traffic_slice_tasks")
+    assert sorted(new_slice["question"]) == sorted(judged["question"].iloc[:2])
+    figures = json.loads((reporting / "traffic_slice_figures.json").read_text())
+    assert figures["questions"] == 2 and figures["challenger"]["n"] == 2
+    assert "champion was not evaluated" in figures["skipped"]  # the scripted rule has none
+    report = json.loads((reporting / "retraining_sources_report.json").read_text())
+    [traffic] = report["sources"]
+    assert report["unchanged"] is False and traffic["in_test_split"] == 1
+    first_mark = _watermark(project)
+    assert first_mark and first_mark == traffic["watermark"]
+    run_report = json.loads((reporting / "retraining_report.json").read_text())
+    assert run_report["sources"]["moved"] == ["traffic"] and run_report["lock_released"]
+
+    _kedro(project, "--pipelines", "retraining", "--nodes", ",".join(_RUN_NODES))
+    again = json.loads((reporting / "retraining_sources_report.json").read_text())
+    assert again["unchanged"] is True and again["tasks"] == 0
+    assert _read(project, "retraining_train_tasks").equals(_read(project, "train_tasks"))
+    assert _read(project, "traffic_slice_tasks").empty
+    assert _watermark(project) == first_mark
+    rerun = json.loads((reporting / "retraining_report.json").read_text())
+    assert rerun["sources"] == {
+        "moved": [],
+        "unchanged": True,
+        "decision": "unchanged",
+        "reports_rendered": True,
+    }
