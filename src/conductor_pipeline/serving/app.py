@@ -53,8 +53,9 @@ configured; ``seed`` is honoured.
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 (bad
 JSON, no messages, last message not the user's, question too long, bad budget, a field of
 the wrong type or out of range, NaN/Infinity, deep nesting: ``serving.schema``), 401
-(missing or wrong bearer token, when a key is configured; the scheme is case-insensitive), 404 (unknown model), 413 (body
-too large), 429 (at ``max_concurrency``; ``Retry-After`` set; refused at once, not queued),
+(missing or wrong bearer token, when a key is configured; the scheme is
+case-insensitive), 404 (unknown model; on ``/v1/feedback`` a request capture does not
+hold), 409 (different feedback already given for that request), 413 (body too large), 429 (at ``max_concurrency``; ``Retry-After`` set; refused at once, not queued),
 502 (the Conductor wrote no parseable workflow), 503 (policy not loaded), 504
 (``request_timeout_s`` passed).
 """
