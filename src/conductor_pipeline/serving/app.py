@@ -55,9 +55,10 @@ JSON, no messages, last message not the user's, question too long, bad budget, a
 the wrong type or out of range, NaN/Infinity, deep nesting: ``serving.schema``), 401
 (missing or wrong bearer token, when a key is configured; the scheme is
 case-insensitive), 404 (unknown model; on ``/v1/feedback`` a request capture does not
-hold), 409 (different feedback already given for that request), 413 (body too large), 429 (at ``max_concurrency``; ``Retry-After`` set; refused at once, not queued),
-502 (the Conductor wrote no parseable workflow), 503 (policy not loaded), 504
-(``request_timeout_s`` passed).
+hold), 409 (different feedback already given for that request), 413 (body too large),
+429 (at ``max_concurrency``; ``Retry-After`` set; refused at once, not queued), 502 (the
+Conductor wrote no parseable workflow), 503 (policy not loaded), 504 (``request_timeout_s``
+passed).
 """
 
 from __future__ import annotations
