@@ -362,3 +362,25 @@ def test_served_traffic_with_feedback_reaches_the_next_retraining(tmp_path):
         "decision": "unchanged",
         "reports_rendered": True,
     }
+
+
+def test_training_and_evaluation_read_the_joined_split_and_the_commit_waits_for_the_run():
+    from conductor_pipeline.pipeline_registry import register_pipelines
+
+    pipelines = register_pipelines()
+    retraining = pipelines["retraining"]
+    nodes = {node.name: node for node in retraining.nodes}
+    for name in ("train_conductor", "run_evaluation", "evaluate_traffic_slice"):
+        assert "retraining_train_tasks" in nodes[name].inputs
+        assert "train_tasks" not in nodes[name].inputs
+    assert "traffic_slice_figures" in nodes["promote_challenger"].inputs
+    order = [node.name for node in retraining.nodes]  # topological
+    commit = order.index("commit_source_watermarks")
+    for earlier in ("promote_challenger", "render_training_report", "render_evaluation_report"):
+        assert order.index(earlier) < commit
+    assert order[-1] == "release_retraining_lock"
+    assert "retraining_watermarks" in nodes["release_retraining_lock"].inputs
+    # the default pipeline (make run) gates on the test split only, as before
+    default = {node.name: node for node in pipelines["__default__"].nodes}
+    assert "traffic_slice_figures" not in default["promote_challenger"].inputs
+    assert "train_tasks" in default["train_conductor"].inputs
