@@ -116,3 +116,21 @@ def test_a_cached_prompt_opening_and_the_token_limit_are_honoured(smollm2):
     assert tokenizer.decode(result.tokens, skip_special_tokens=True).strip() == text
     with pytest.raises(ValueError, match="cached tokens"):
         lookup_generate(model, ids, cache, len(ids), RowSampler([0.0], [0]), 4, 2)
+
+
+def test_a_local_policy_answers_single_requests_as_its_batches_do_and_learns_to_guess():
+    import asyncio
+
+    from conductor_pipeline.workflow.policy import LocalPolicy
+
+    policy = LocalPolicy(torch_threads=1)
+    batched = asyncio.run(
+        policy.complete_many([_MESSAGES], temperature=0.7, max_tokens=40, seeds=[11])
+    )[0]
+    passes = policy.forward_passes
+    single = asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=40, seed=11))
+    assert (single.text, single.completion_tokens) == (batched.text, batched.completion_tokens)
+    # the batched reply is in the policy's recent replies, so the single one is guessed
+    assert policy.forward_passes - passes <= single.completion_tokens // 3
+    with pytest.raises(ValueError, match="lookup_tokens"):
+        LocalPolicy(lookup_tokens=-1)

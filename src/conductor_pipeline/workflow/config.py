@@ -44,6 +44,7 @@ _SECTION_KEYS = {
         "timeout_s",
         "worker",
         "torch_threads",
+        "lookup_tokens",
     },
     "sampling": {"temperature", "max_tokens", "seed"},
     # every PromptConfig field except the descriptions, which come from the pool
@@ -128,6 +129,7 @@ def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -
             model_dir=policy.get("model_dir"),
             adapter_dir=adapter_dir,
             torch_threads=int(threads) if threads else None,
+            lookup_tokens=policy.get("lookup_tokens", 8),
         )
     if kind == "endpoint":
         for key in ("model", "api_base"):

@@ -12,6 +12,7 @@ stays cheap.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 import time
@@ -57,9 +58,19 @@ class LocalPolicy:
         adapter_dir: str | Path | None = None,
         name: str | None = None,
         torch_threads: int | None = None,
+        lookup_tokens: int = 8,
     ):
         if torch_threads is not None and torch_threads < 1:
             raise ValueError(f"LocalPolicy: torch_threads must be >= 1, got {torch_threads}")
+        if (
+            isinstance(lookup_tokens, bool)
+            or not isinstance(lookup_tokens, int)
+            or lookup_tokens < 0
+        ):
+            raise ValueError(
+                f"LocalPolicy: lookup_tokens must be an integer >= 0, got {lookup_tokens!r}"
+            )
+        self.lookup_tokens = lookup_tokens
         self.torch_threads = torch_threads
         self.model_dir = Path(model_dir) if model_dir else None
         self.adapter_dir = Path(adapter_dir) if adapter_dir else None
@@ -74,6 +85,11 @@ class LocalPolicy:
         self._generate_lock = threading.Lock()
         # single requests answered from the kept prompt-opening cache (observability, tests)
         self.prefix_hits = 0
+        # forward passes of single requests (prompt included; observability, benchmarks)
+        self.forward_passes = 0
+        # recent replies (token ids) that lookup decoding guesses from; they change how
+        # fast a reply is written, never what it says
+        self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
 
     def load(self) -> None:
         with self._load_lock:
@@ -101,36 +117,46 @@ class LocalPolicy:
     def _generate(
         self, messages: list[dict[str, str]], temperature: float, max_tokens: int, seed: int
     ) -> PolicyCompletion:
-        from conductor_pipeline.workers.local_model import generate_chat
+        """One reply by lookup decoding (:mod:`~conductor_pipeline.workers.lookup_decoding`):
+        the tokens plain decoding draws for ``seed``, several checked per forward pass when
+        the reply repeats text seen before (``lookup_tokens`` guesses at most; 0: one token
+        a pass). A prompt that continues the kept opening (:meth:`warm_up`) prefills only
+        its own tokens."""
+        import torch
+        from transformers import DynamicCache
+
+        from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+        from conductor_pipeline.workers.lookup_decoding import lookup_generate
 
         self.load()
-        if self._continues_prefix(messages):
-            # the kept opening serves it: the batched path with one row, same sampling
-            self.prefix_hits += 1
-            return self._generate_many([messages], temperature, max_tokens, [seed])[0]
         self._set_threads()
+        ids, prefilled = encode_chat(self._tokenizer, messages)
+        if max_tokens < 1:
+            return PolicyCompletion("", len(ids), 0, 0.0)
         start = time.perf_counter()
-        with self._generate_lock:
-            text, prompt_tokens, completion_tokens = generate_chat(
+        with self._generate_lock, torch.inference_mode():
+            kept = list(self._prefix[0]) if self._prefix is not None else []
+            if kept and len(ids) > len(kept) and ids[: len(kept)] == kept:
+                self.prefix_hits += 1
+                cache, cached = self._prefix_cache(kept, 1), len(kept)
+            else:
+                cache, cached = DynamicCache(), 0
+            result = lookup_generate(
                 self._model,
-                self._tokenizer,
-                messages,
-                max_new_tokens=max_tokens,
-                temperature=temperature,
-                seed=seed,
+                ids,
+                cache,
+                cached,
+                RowSampler([temperature], [seed]),
+                int(max_tokens),
+                self._tokenizer.eos_token_id,
+                history=list(self._recent_replies),
+                max_guess=self.lookup_tokens,
             )
-        return PolicyCompletion(text, prompt_tokens, completion_tokens, time.perf_counter() - start)
-
-    def _continues_prefix(self, messages: list[dict[str, str]]) -> bool:
-        """Whether the prompt starts with the kept opening (see :meth:`warm_up`) and goes on
-        past it."""
-        if self._prefix is None:
-            return False
-        from conductor_pipeline.workers.local_model import encode_chat
-
-        ids = encode_chat(self._tokenizer, messages)[0]
-        kept = self._prefix[0]
-        return len(ids) > len(kept) and tuple(ids[: len(kept)]) == kept
+            self._recent_replies.appendleft(result.tokens)
+            self.forward_passes += result.forward_passes + 1  # + the prompt's pass
+        text = self._tokenizer.decode(result.tokens, skip_special_tokens=True)
+        text = text.rstrip() if prefilled else text.strip()
+        return PolicyCompletion(text, len(ids), len(result.tokens), time.perf_counter() - start)
 
     def warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int = 4) -> int:
         """Prepare for serving: load the model, keep the key/value cache of the opening that
@@ -223,6 +249,7 @@ class LocalPolicy:
             generated = self._decode(
                 input_ids, attention_mask, cache, shared, sampler, int(max_tokens)
             )
+            self._recent_replies.extendleft(generated)
         latency = time.perf_counter() - start
         completions = []
         for i, row in enumerate(rows):
