@@ -323,6 +323,7 @@ def _serve_one_user(
     latencies: list[float] = []
     parts: dict[str, list[float]] = {"conductor_s": [], "workers_s": [], "other_s": []}
     statuses: dict[str, int] = {}
+    tokens: list[int] = []  # Conductor tokens written per warm request
     with BackgroundServer(service) as server:
         server.wait_ready(timeout_s=600)
         ready_s = time.perf_counter() - start
@@ -342,6 +343,12 @@ def _serve_one_user(
                 conductor = sum(c["latency_s"] for c in record.get("conductor_calls") or [])
                 workers = sum(s.get("latency_s") or 0.0 for s in record.get("steps") or [])
                 if i:  # the first request is reported on its own
+                    tokens.append(
+                        sum(
+                            c.get("completion_tokens") or 0
+                            for c in record.get("conductor_calls") or []
+                        )
+                    )
                     parts["conductor_s"].append(conductor)
                     parts["workers_s"].append(workers)
                     parts["other_s"].append(wall - conductor - workers)
@@ -355,6 +362,9 @@ def _serve_one_user(
         "warm_breakdown_mean_s": {k: statistics.fmean(v) for k, v in parts.items()},
         "status_counts": statuses,
         "prefix_hits": getattr(policy, "prefix_hits", None),
+        "warm_conductor_tokens_mean": statistics.fmean(tokens),
+        # all single-request passes of the policy (warm-up and first request included)
+        "forward_passes": getattr(policy, "forward_passes", None),
     }
 
 
