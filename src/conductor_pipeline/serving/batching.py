@@ -1,11 +1,12 @@
 """Micro-batching of Conductor generation for the API (``serving.batching``).
 
-A local Conductor generates one token after another, and on a CPU a decode step of a small
-model costs about the same for one row as for sixteen (the time goes to per-operation
-overhead, not arithmetic). Requests served one at a time therefore leave almost all of that
-capacity unused. :class:`MicroBatchingPolicy` wraps a policy that has ``complete_many``
-(:class:`~conductor_pipeline.workflow.policy.LocalPolicy`) and generates the Conductor
-samples that requests are waiting for at the same moment in one batched call:
+Served one at a time, concurrent requests queue behind each other's Conductor generation,
+one row per decode step. :class:`MicroBatchingPolicy` wraps a policy that has
+``complete_many`` (:class:`~conductor_pipeline.workflow.policy.LocalPolicy`) and generates
+the Conductor samples that requests are waiting for at the same moment in one batched call,
+where a decode step reads the weights and pays the per-operation overhead once for all
+rows. What that buys depends on the hardware (see the README's Serving section for the
+figures on a small CPU):
 
 - a sample that arrives while nothing is generating waits at most ``max_wait_ms`` for
   others to join. A lone user does not wait: when the last batch had one row and every
