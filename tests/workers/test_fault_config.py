@@ -43,7 +43,7 @@ def configured(faults=None, num_retries: int = 2) -> dict:
     [
         ({"rate": {"timeout": 0.1}}, r"worker_pool.faults: unknown key"),
         ({"level": "router"}, r"worker_pool.faults.level"),
-        ({"seed": "seven"}, r"worker_pool.faults.seed"),
+        ({"seed": "seven", "rates": {"timeout": 0.1}}, r"worker_pool.faults.seed"),
         ({"rates": {"slow": 0.1}}, r"worker_pool.faults.rates: unknown failure kind 'slow'"),
         ({"rates": {"timeout": 1.5}}, r"worker_pool.faults.rates: fault rate for 'timeout'"),
         ({"rates": {"timeout": 0.6, "rate_limit": 0.6}}, r"add up to more than 1"),
@@ -64,7 +64,7 @@ def test_zero_rates_and_no_section_are_off():
     zero = {"rates": {"timeout": 0.0, "rate_limit": 0}, "seed": 3}
     assert not fault_settings({"faults": zero}).active
     on = fault_settings({"faults": {"level": "pool", "rates": {"malformed_reply": 0.2}}})
-    assert on == FaultSettings("pool", 0, {"malformed_reply": 0.2})
+    assert on == FaultSettings("pool", None, {"malformed_reply": 0.2})
 
 
 @pytest.mark.parametrize("env", ["base", "gpu"])
@@ -86,7 +86,7 @@ def test_profiles_ship_faults_off_and_runtime_params_turn_them_on(env):
     params = {"worker_pool": {"faults": {"seed": 7, "rates": {"timeout": 0.3}}}}
     assert load(params) == FaultSettings("provider", 7, {"timeout": 0.3})
     params = {"worker_pool": {"faults": {"level": "pool", "rates": {"empty_reply": 0.1}}}}
-    assert load(params) == FaultSettings("pool", 0, {"empty_reply": 0.1})
+    assert load(params) == FaultSettings("pool", None, {"empty_reply": 0.1})
 
 
 def test_pool_level_faults_wrap_every_call(tmp_path):
@@ -108,6 +108,26 @@ def test_provider_level_faults_go_through_the_routers_retries(tmp_path):
     # the Router tried three times (1 + num_retries), each attempt drew an injected timeout
     assert reply.failure is FailureKind.TIMEOUT and reply.attempts == 3
     assert stats["attempts"] == {"w": 3} and stats["injected"] == {"timeout": 3}
+
+
+def test_a_null_seed_is_drawn_per_run_and_a_fixed_one_replays(tmp_path):
+    """A resume must meet new faults unless the run asks to replay: ``seed: null`` draws one
+    each time the pool opens; an integer gives the same failures call for call."""
+
+    def outcomes(seed):
+        faults = {"level": "pool", "seed": seed, "rates": {"timeout": 0.5}}
+        with open_worker_pool(configured(faults, num_retries=0), root=tmp_path) as pool:
+            used = pool.faults.seed
+
+            async def many():
+                return [await pool(0, MESSAGES, sample_index=i) for i in range(24)]
+
+            # the calls let through fail too (nobody listens): tell the injected ones apart
+            return used, [r.error == "injected timeout" for r in asyncio.run(many())]
+
+    first, second = outcomes(None), outcomes(None)
+    assert first[0] != second[0] and first[1] != second[1]
+    assert outcomes(11) == outcomes(11)
 
 
 def test_explicit_fault_arguments_replace_the_configured_ones(tmp_path):

@@ -19,7 +19,7 @@ The ``worker_pool`` configuration (``conf/*/workers.yml``)::
       faults:                       # injected worker faults, for chaos runs (all rates 0: off)
         level: provider             # provider: below the litellm Router, one draw per attempt
                                     # pool: above it, one draw per pool call (no call made)
-        seed: 0
+        seed: null                  # null: drawn per run (logged); an integer replays a run
         rates: {timeout: 0.0, rate_limit: 0.0, provider_error: 0.0, empty_reply: 0.0}
 
 Relative paths are resolved against the project root.
@@ -29,6 +29,11 @@ Router's configured retries (``num_retries`` per worker) and fallbacks then run 
 would against a flaky API, and callers see only what is left after them. ``pool`` skips
 the Router (no call is made for an injected fault), so every injected fault reaches the
 caller; it also offers ``malformed_reply``, which only a reply can carry below the Router.
+
+A fixed ``seed`` replays the same faults call for call, in this run and in the next, so a
+pair that ran out of retries would fail the same way again on resume. ``seed: null``
+draws a seed per run (logged, and in the pool's ``faults``), so a resume meets new faults,
+as it would meet a provider that has recovered.
 
 A sandbox pool that holds simulated ``sim-*`` workers gets a ``question_check`` (a
 :class:`~conductor_pipeline.workers.sandbox.SandboxQuestionCheck`): those workers only know
@@ -41,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +103,7 @@ class FaultSettings:
     """``worker_pool.faults`` once checked: the non-zero ``rates`` by failure kind name."""
 
     level: str = "provider"
-    seed: int = 0
+    seed: int | None = None  # None: drawn when the pool opens
     rates: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -109,7 +115,7 @@ def fault_settings(config: Mapping[str, Any]) -> FaultSettings:
     """The ``faults`` section of a ``worker_pool`` configuration (absent or null: off).
 
     Raises ``ValueError`` naming the key for an unknown key, level or failure kind, a rate
-    outside [0, 1], rates adding up to more than 1, or a seed that is not an integer.
+    outside [0, 1], rates adding up to more than 1, or a seed that is not an integer or null.
     """
     section = config.get("faults")
     if section is None:
@@ -124,9 +130,9 @@ def fault_settings(config: Mapping[str, Any]) -> FaultSettings:
     level = section.get("level") or "provider"
     if level not in FAULT_LEVELS:
         raise ValueError(f"worker_pool.faults.level: must be one of {FAULT_LEVELS}, got {level!r}")
-    seed = section.get("seed") or 0
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"worker_pool.faults.seed: must be an integer, got {seed!r}")
+    seed = section.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"worker_pool.faults.seed: must be an integer or null, got {seed!r}")
     rates = section.get("rates") or {}
     if not isinstance(rates, Mapping):
         raise ValueError("worker_pool.faults.rates: must map failure kinds to rates")
@@ -191,10 +197,12 @@ def open_worker_pool(
             else:
                 fault_rates = settings.rates
             fault_seed = settings.seed
+            if fault_seed is None:
+                fault_seed = random.SystemRandom().randrange(2**31)
             logger.warning(
                 "worker_pool.faults: injecting worker faults at level %r (seed %d): %s",
                 settings.level,
-                settings.seed,
+                fault_seed,
                 settings.rates,
             )
     cache_config = dict(config.get("cache") or {})
