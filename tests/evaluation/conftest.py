@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from conductor_pipeline.evaluation import SYSTEM_KINDS
+
 from .fakes import make_tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +41,15 @@ def write_evaluation_project(root: Path) -> Path:
     (local / "workers.yml").write_text(yaml.safe_dump(workers))
     (local / "parameters_evaluation.yml").write_text(
         yaml.safe_dump(
-            {"evaluation": {"test_per_domain": 3, "validation_per_domain": 2, "trace_sample": 2}}
+            {
+                "evaluation": {
+                    "test_per_domain": 3,
+                    "validation_per_domain": 2,
+                    "trace_sample": 2,
+                    # every kind, as before parameters were soft-merged over conf/base's list
+                    "systems": list(SYSTEM_KINDS),
+                }
+            }
         )
     )
     return root

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from conductor_pipeline.evaluation.config import CONDUCTOR_SYSTEMS
+from conductor_pipeline.evaluation.registry import rank_of
 
 # the columns DESIGN.md fixes, in this order, before any other
 CONTRACT_COLUMNS = [
@@ -106,29 +107,12 @@ def _workers(value: Any) -> list[str]:
 
 
 def system_order(names: Sequence[str]) -> list[str]:
-    """The Conductor systems first (the warm start right after the trained Conductor it
-    started, then the untrained base), then solo, moa, random, best-of-n, router, oracle."""
-    rank = {
-        "conductor": (0, 0),
-        "conductor+recursion": (1, 0),
-        "champion": (1, 1),
-        "warm-start": (2, 0),
-        "base-policy": (2, 1),
-        "moa": (4, 0),
-        "random-workflow": (5, 0),
-        "router": (7, 0),
-        "oracle": (8, 0),
-    }
-
-    def key(name: str) -> tuple[int, int]:
-        if name.startswith("solo:"):
-            return (3, 0)
-        if name.startswith("best-of-n:"):
-            return (6, 0)
-        return rank.get(name, (9, 0))
-
+    """By each kind's declared rank (:mod:`~conductor_pipeline.evaluation.kinds`): the
+    Conductor systems first (the warm start right after the trained Conductor it started,
+    then the untrained base), then solo, moa, random, best-of-n, router, oracle; names of no
+    registered kind last; ties in the order given."""
     seen = list(dict.fromkeys(names))
-    return sorted(seen, key=lambda n: (key(n), seen.index(n)))
+    return sorted(seen, key=lambda n: (rank_of(n), seen.index(n)))
 
 
 def _system_row(

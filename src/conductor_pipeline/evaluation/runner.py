@@ -1,6 +1,7 @@
 """Run every configured system on the same questions, resumably and concurrently.
 
-Order of work (each pair is skipped when the store already holds it):
+Order of work (each pair is skipped when the store already holds it), by the phase each
+listed kind declares (:mod:`~conductor_pipeline.evaluation.kinds`):
 
 1. At once: the Conductor systems (``conductor``, ``conductor+recursion``, ``champion``,
    ``warm-start``, ``base-policy``; at most ``conductor.in_flight`` questions in flight,
@@ -31,31 +32,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conductor_pipeline.evaluation.config import EvaluationConfig
+from conductor_pipeline.evaluation.kinds import derive_oracle, derive_router
 from conductor_pipeline.evaluation.metrics import system_order
 from conductor_pipeline.evaluation.policies import BatchingPolicy, SharedSamples
 from conductor_pipeline.evaluation.records import QuestionResult
+from conductor_pipeline.evaluation.registry import KINDS, RunContext, SystemKind
 from conductor_pipeline.evaluation.store import ResultStore
-from conductor_pipeline.evaluation.systems import (
-    BestOfNSystem,
-    ConductorSystem,
-    MoASystem,
-    PoolView,
-    RandomWorkflowSystem,
-    SoloSystem,
-    System,
-    fingerprint,
-)
+from conductor_pipeline.evaluation.systems import PoolView, System
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.workers.pool import READ_ONLY_MISS
 from conductor_pipeline.workers.types import WorkerReply
 from conductor_pipeline.workflow import OrchestrationConfig
+
+# derive_router and derive_oracle live with their kinds; importable from here as before
+__all__ = [
+    "EvaluationRun",
+    "PolicyUnderTest",
+    "RetryingCaller",
+    "derive_oracle",
+    "derive_router",
+    "evaluate",
+    "select_tasks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +163,6 @@ class RetryingCaller:
         return {"retried": self.retried, "recovered": self.recovered, "exhausted": self.exhausted}
 
 
-def _scored(rows: Iterable[QuestionResult]) -> list[QuestionResult]:
-    """The rows that count: infra-failed ones are neither right nor wrong."""
-    return [r for r in rows if not r.infra_failure]
-
-
 class _Runner:
     def __init__(self, store: ResultStore, progress: _Progress):
         self.store, self.progress = store, progress
@@ -220,13 +219,32 @@ class _Runner:
         return {k: sorted(v, key=lambda r: order[r.question_id]) for k, v in out.items()}
 
 
-def _with(config: OrchestrationConfig, **changes: Any) -> OrchestrationConfig:
-    return replace(config, **changes)
+class _SharedModels:
+    """One batching queue and one sample memory per model object, and one local generation
+    batch at a time whichever the model (``turn``)."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size, self.turn = batch_size, asyncio.Lock()
+        self.wrapped: dict[int, SharedSamples] = {}
+
+    def __call__(self, policy: Any) -> SharedSamples:
+        if id(policy) not in self.wrapped:
+            batching = BatchingPolicy(policy, max_batch=self.batch_size, turn=self.turn)
+            self.wrapped[id(policy)] = SharedSamples(batching)
+        return self.wrapped[id(policy)]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "conductor_batches": [n for w in self.wrapped.values() for n in w.policy.batches],
+            "shared_samples": sum(w.hits for w in self.wrapped.values()),
+        }
 
 
-def _mean(values: Iterable[float]) -> float | None:
-    values = list(values)
-    return statistics.fmean(values) if values else None
+async def _phase(ctx: RunContext, kinds: Sequence[SystemKind], phase: str) -> None:
+    """The listed kinds of ``phase``, one after another in registry order."""
+    for kind in kinds:
+        if kind.phase == phase:
+            await kind.run(ctx)
 
 
 async def evaluate(
@@ -256,305 +274,59 @@ async def evaluate(
     ``champion`` with the same settings, for promotion to compare against. Returns the
     results of the current variants of every system, in (system, question) order, and an
     ``info`` dict (what was sized how, run, retried). Worker calls go through a
-    :class:`RetryingCaller` (module docstring)."""
+    :class:`RetryingCaller` (module docstring); each listed kind runs in its phase
+    (:mod:`~conductor_pipeline.evaluation.registry`)."""
     store = store if store is not None else ResultStore(None)
     retrying = RetryingCaller(pool.caller, config.infra_retries, config.retry_delay_s)
     pool = replace(pool, caller=retrying)
     orchestration = orchestration or OrchestrationConfig()
     if config.conductor.max_parse_attempts is not None:
-        orchestration = _with(orchestration, max_parse_attempts=config.conductor.max_parse_attempts)
-    base_config = _with(orchestration, max_rounds=0)
-    recursion_config = _with(orchestration, max_rounds=config.conductor.recursion_rounds)
-    info: dict[str, Any] = {"pool": list(pool.names), "n_test": len(test_tasks)}
-
-    wrapped: dict[int, Any] = {}
-    turn = asyncio.Lock()  # one local generation batch at a time, whichever the model
-
-    def shared(policy: Any) -> Any:
-        # one batching queue and one sample memory per model object
-        if id(policy) not in wrapped:
-            wrapped[id(policy)] = SharedSamples(
-                BatchingPolicy(policy, max_batch=config.conductor.batch_size, turn=turn)
-            )
-        return wrapped[id(policy)]
-
-    conductor_systems: list[System] = []
-    if conductor is not None and config.wants("conductor"):
-        variant = fingerprint(pool_id, conductor.variant, base_config)
-        conductor_systems.append(
-            ConductorSystem(
-                "conductor",
-                shared(conductor.policy),
-                pool,
-                base_config,
-                variant=variant,
-                label=conductor.label,
-            )
+        orchestration = replace(
+            orchestration, max_parse_attempts=config.conductor.max_parse_attempts
         )
-        info["conductor"] = conductor.label
-        if config.wants("conductor+recursion"):
-            conductor_systems.append(
-                ConductorSystem(
-                    "conductor+recursion",
-                    shared(conductor.policy),
-                    pool,
-                    recursion_config,
-                    variant=fingerprint(pool_id, conductor.variant, recursion_config),
-                    label=conductor.label,
-                )
-            )
-    elif config.wants("conductor"):
-        raise ValueError("evaluate: the conductor system needs a PolicyUnderTest")
-    if warm_start is not None and config.wants("warm-start"):
-        conductor_systems.append(
-            ConductorSystem(
-                "warm-start",
-                shared(warm_start.policy),
-                pool,
-                base_config,
-                variant=fingerprint(pool_id, warm_start.variant, base_config),
-                label=warm_start.label,
-            )
-        )
-        info["warm_start"] = warm_start.label
-    if champion is not None and config.wants("champion"):
-        conductor_systems.append(
-            ConductorSystem(
-                "champion",
-                shared(champion.policy),
-                pool,
-                base_config,
-                variant=fingerprint(pool_id, champion.variant, base_config),
-                label=champion.label,
-            )
-        )
-        info["champion"] = champion.label
-    if base_policy is not None and config.wants("base-policy"):
-        conductor_systems.append(
-            ConductorSystem(
-                "base-policy",
-                shared(base_policy.policy),
-                pool,
-                base_config,
-                variant=fingerprint(pool_id, base_policy.variant, base_config),
-                label=base_policy.label,
-            )
-        )
-
-    solos = [SoloSystem(pool, i, pool_id=pool_id) for i in range(len(pool.names))]
-    router_names = config.router_workers or list(pool.names)
-    validation = list(validation_tasks) if config.wants("router") else []
+    models = _SharedModels(config.conductor.batch_size)
+    policies = {"conductor": conductor, "base_policy": base_policy, "warm_start": warm_start}
+    ctx = RunContext(
+        config=config,
+        pool=pool,
+        orchestration=orchestration,
+        test_tasks=test_tasks,
+        # the router's fitting questions, run only when the router is listed
+        validation_tasks=list(validation_tasks) if config.wants("router") else [],
+        pool_id=pool_id,
+        policies={**policies, "champion": champion},
+        shared=models,
+        runner=None,
+        worker_limit=asyncio.Semaphore(config.concurrency),
+        info={"pool": list(pool.names), "n_test": len(test_tasks)},
+    )
+    kinds = [kind for name, kind in KINDS.items() if config.wants(name)]
+    conductor_systems = [s for k in kinds if k.phase == "conductor" for s in k.systems(ctx)]
     total = len(conductor_systems) * len(test_tasks)
-    if config.wants("solo"):
-        total += len(solos) * len(test_tasks)
-        total += sum(1 for s in solos if s.name[5:] in router_names) * len(validation)
-    for kind in ("moa", "random-workflow"):
-        total += len(test_tasks) if config.wants(kind) else 0
-    total += len(test_tasks) if config.wants("best-of-n") else 0
+    total += sum(k.pairs(ctx) for k in kinds if k.phase != "conductor")
     already = len(store)
     bar = _Progress(total, 0, progress)
-    runner = _Runner(store, bar)
-    worker_limit = asyncio.Semaphore(config.concurrency)
-    results: dict[str, list[QuestionResult]] = {}
-    validation_results: dict[str, list[QuestionResult]] = {}
+    ctx.runner = runner = _Runner(store, bar)
 
     async def conductor_phase() -> None:
         if conductor_systems:
-            results.update(
-                await runner.run_interleaved(
-                    conductor_systems, test_tasks, "test", config.conductor.in_flight
-                )
+            in_flight = config.conductor.in_flight
+            ctx.results.update(
+                await runner.run_interleaved(conductor_systems, test_tasks, "test", in_flight)
             )
-
-    async def worker_phase() -> None:
-        if config.wants("solo"):
-            solo_runs = [runner.run_pairs(s, test_tasks, "test", worker_limit) for s in solos]
-            val_runs = [
-                runner.run_pairs(s, validation, "validation", worker_limit)
-                for s in solos
-                if s.name[5:] in router_names
-            ]
-            outs = await asyncio.gather(*solo_runs, *val_runs)
-            for s, out in zip(solos, outs[: len(solos)], strict=True):
-                results[s.name] = out
-            for s, out in zip(
-                [s for s in solos if s.name[5:] in router_names], outs[len(solos) :], strict=True
-            ):
-                validation_results[s.name] = out
-        if config.wants("moa"):
-            proposers = [pool.index(n) for n in (config.moa.proposers or pool.names)]
-            moa = MoASystem(
-                pool,
-                proposers,
-                layers=config.moa.layers,
-                aggregator=config.moa.aggregator,
-                seed=config.seed,
-                pool_id=pool_id,
-            )
-            results["moa"] = await runner.run_pairs(moa, test_tasks, "test", worker_limit)
 
     try:
-        await asyncio.gather(conductor_phase(), worker_phase())
-
-        reference = results.get("conductor", [])
-        if config.wants("random-workflow"):
-            lengths = [r.n_steps for r in reference if r.n_steps]
-            mean_steps = _mean(lengths) or 1.0
-            info["random_workflow_mean_steps"] = mean_steps
-            if not lengths:
-                info["random_workflow_note"] = "the conductor wrote no workflow; length 1 used"
-            workers = (
-                [pool.index(n) for n in config.random_workflow_workers]
-                if config.random_workflow_workers
-                else None
-            )
-            rw = RandomWorkflowSystem(
-                pool,
-                mean_steps,
-                workers=workers,
-                prompt=orchestration.prompt,
-                budget=orchestration.budget,
-                max_steps=orchestration.limits.max_steps,
-                seed=config.seed,
-                pool_id=pool_id,
-            )
-            results["random-workflow"] = await runner.run_pairs(
-                rw, test_tasks, "test", worker_limit
-            )
-        if config.wants("best-of-n"):
-            bon = _best_of_n(pool, config, reference, results, validation_results, pool_id, info)
-            results[bon.name] = await runner.run_pairs(bon, test_tasks, "test", worker_limit)
+        await asyncio.gather(conductor_phase(), _phase(ctx, kinds, "workers"))
+        await _phase(ctx, kinds, "sized")  # sized from the Conductor's results
     finally:
         bar.close()
-
-    if config.wants("router") and config.wants("solo"):
-        results["router"] = derive_router(
-            results, validation_results, router_names, test_tasks, pool_id, info
-        )
-    if config.wants("oracle") and config.wants("solo"):
-        results["oracle"] = derive_oracle([results[s.name] for s in solos], pool_id)
-    info.update(runner.counts(total, already), worker_call_retries=retrying.stats)
-    info["conductor_batches"] = [size for w in wrapped.values() for size in w.policy.batches]
-    info["shared_samples"] = sum(w.hits for w in wrapped.values())
+    await _phase(ctx, kinds, "derived")
+    ctx.info.update(runner.counts(total, already), worker_call_retries=retrying.stats)
+    ctx.info.update(models.info())
+    results, validation_results = ctx.results, ctx.validation_results
     ordered = [r for name in system_order(list(results)) for r in results[name]]
     # the router's fitting data, kept for the record (summaries read the test split only)
     ordered += [
         r for name in system_order(list(validation_results)) for r in validation_results[name]
     ]
-    return EvaluationRun(ordered, info)
-
-
-def _best_of_n(
-    pool: PoolView,
-    config: EvaluationConfig,
-    reference: list[QuestionResult],
-    results: dict[str, list[QuestionResult]],
-    validation_results: dict[str, list[QuestionResult]],
-    pool_id: str,
-    info: dict[str, Any],
-) -> BestOfNSystem:
-    settings = config.best_of_n
-    if settings.worker != "auto":
-        worker = pool.index(settings.worker)
-    elif any(p is not None for p in pool.prices):
-        # the strongest worker is the most expensive one in the paper's pool and in the sandbox
-        worker = max(
-            range(len(pool.names)),
-            key=lambda i: (pool.prices[i][0] + pool.prices[i][1]) if pool.prices[i] else -1.0,
-        )
-    else:  # no prices: the best on the validation questions
-        worker = max(
-            range(len(pool.names)),
-            key=lambda i: (
-                _mean(
-                    r.correct for r in _scored(validation_results.get(f"solo:{pool.names[i]}", []))
-                )
-                or 0.0
-            ),
-        )
-    name = pool.names[worker]
-    if settings.n != "auto":
-        n, note = int(settings.n), f"n={settings.n} (configured)"
-    else:
-        conductor_cost = _mean(r.cost_usd for r in _scored(reference))
-        solo_cost = _mean(r.cost_usd for r in _scored(results.get(f"solo:{name}", [])))
-        if conductor_cost and solo_cost:
-            ratio = conductor_cost / solo_cost
-            n = min(max(round(ratio), 1), settings.max_n)
-            note = f"n={n}: conductor ${conductor_cost:.6f}/q vs one {name} call ${solo_cost:.6f}/q"
-        else:
-            n, note = 1, "n=1: no conductor or solo cost to match"
-    info["best_of_n"] = {"worker": name, "n": n, "note": note}
-    return BestOfNSystem(pool, worker, n, pool_id=pool_id, note=note)
-
-
-def derive_router(
-    results: dict[str, list[QuestionResult]],
-    validation_results: dict[str, list[QuestionResult]],
-    candidates: Sequence[str],
-    test_tasks: Sequence[Task],
-    pool_id: str,
-    info: dict[str, Any],
-) -> list[QuestionResult]:
-    """One worker per domain: the candidate with the best validation accuracy in that domain
-    (ties: the cheaper; a domain absent from validation: the best overall). Each test answer
-    is that worker's solo answer."""
-
-    def rank(rows: list[QuestionResult]) -> tuple[float, float]:
-        return (_mean(r.correct for r in rows) or 0.0, -(_mean(r.cost_usd for r in rows) or 0.0))
-
-    # an infra-failed validation answer says nothing about the worker
-    overall = {w: _scored(validation_results.get(f"solo:{w}", [])) for w in candidates}
-    default = max(candidates, key=lambda w: rank(overall[w]))
-    choice: dict[str, str] = {}
-    for domain in sorted({t.domain for t in test_tasks}):
-        rows = {w: [r for r in overall[w] if r.domain == domain] for w in candidates}
-        if any(rows.values()):
-            choice[domain] = max(candidates, key=lambda w: rank(rows[w]))
-        else:
-            choice[domain] = default
-    info["router"] = choice
-    variant = fingerprint("router", pool_id, choice)
-    by_system = {name: {r.question_id: r for r in rows} for name, rows in results.items()}
-    routed = []
-    for task in test_tasks:
-        worker = choice[task.domain]
-        source = by_system[f"solo:{worker}"][task.id]
-        row = replace(source, system="router", variant=variant, note=f"routed to {worker}")
-        row.detail = {"routed_to": worker, **source.detail}
-        routed.append(row)
-    return routed
-
-
-def derive_oracle(
-    solo_results: Sequence[list[QuestionResult]], pool_id: str
-) -> list[QuestionResult]:
-    """Per question: right if any solo worker was right; charged like the cheapest right
-    worker (the cheapest worker when none was right). Infra-failed when any solo row of the
-    question is: the missing answer could have changed the cost charged, or the verdict."""
-    by_question: dict[str, list[QuestionResult]] = defaultdict(list)
-    order: list[str] = []
-    for rows in solo_results:
-        for r in rows:
-            if r.question_id not in by_question:
-                order.append(r.question_id)
-            by_question[r.question_id].append(r)
-    variant = fingerprint(
-        "oracle", pool_id, sorted({r.system for rows in solo_results for r in rows})
-    )
-    out = []
-    for qid in order:
-        rows = by_question[qid]
-        right = [r for r in rows if r.correct]
-        chosen = min(right or rows, key=lambda r: r.cost_usd)
-        row = replace(
-            chosen,
-            system="oracle",
-            variant=variant,
-            correct=bool(right),
-            infra_failure=any(r.infra_failure for r in rows),
-            note=f"charged as {chosen.system}",
-        )
-        row.detail = {"right": [r.system for r in right], "charged_as": chosen.system}
-        out.append(row)
-    return out
+    return EvaluationRun(ordered, ctx.info)

@@ -15,8 +15,8 @@ paper's (§5):
 - ``best-of-n:<worker>``: ``n`` samples of one worker (sample 0 is its solo answer) and a
   majority vote over the extracted final answers (self-consistency).
 
-``router`` and ``oracle`` make no calls; :mod:`conductor_pipeline.evaluation.runner` derives
-them from the solo results.
+``router`` and ``oracle`` make no calls; their kinds in :mod:`conductor_pipeline.evaluation.kinds`
+derive them from the solo results, and say when and with which settings each system runs.
 """
 
 from __future__ import annotations
@@ -495,11 +495,23 @@ def majority_vote(
 
 
 class BestOfNSystem(System):
-    def __init__(self, pool: PoolView, worker: int, n: int, *, pool_id: str = "", note: str = ""):
+    """``name``: another kind reusing the vote under its own name (default
+    ``best-of-n:<worker>``)."""
+
+    def __init__(
+        self,
+        pool: PoolView,
+        worker: int,
+        n: int,
+        *,
+        pool_id: str = "",
+        note: str = "",
+        name: str | None = None,
+    ):
         if n < 1:
             raise ValueError("best-of-n: n must be at least 1")
         self.pool, self.worker, self.n, self.note = pool, worker, n, note
-        self.name = f"best-of-n:{pool.names[worker]}"
+        self.name = name or f"best-of-n:{pool.names[worker]}"
         self.variant = fingerprint("best-of-n", pool_id, pool.names[worker], n)
 
     async def answer(self, task: Task, split: str) -> QuestionResult:
