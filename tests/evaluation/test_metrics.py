@@ -133,6 +133,37 @@ def test_bootstrap_is_seeded_and_sensible():
     assert all(math.isnan(v) for v in bootstrap_ci([], seed=0))
 
 
+def test_bootstrap_agrees_with_scipys_percentile_bootstrap():
+    # the same method as scipy.stats.bootstrap(method="percentile"); only the draws differ
+    from scipy.stats import bootstrap
+
+    outcomes = [True] * 130 + [False] * 70
+    ours = bootstrap_ci(outcomes, samples=4000, seed=3)
+    theirs = bootstrap(
+        ([float(v) for v in outcomes],),
+        lambda x, axis: x.mean(axis=axis),
+        n_resamples=4000,
+        method="percentile",
+        rng=3,
+    ).confidence_interval
+    assert ours == pytest.approx((theirs.low, theirs.high), abs=0.015)
+    # a group of one question: scipy refuses it, the reports need an interval all the same
+    assert bootstrap_ci([True], seed=0) == (1.0, 1.0)
+    with pytest.raises(ValueError):
+        bootstrap(([1.0],), lambda x, axis: x.mean(axis=axis), method="percentile")
+
+
+def test_mcnemar_is_the_hand_computed_exact_binomial_p():
+    for only_a in range(26):
+        for only_b in range(26 - only_a):
+            n = only_a + only_b
+            tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n
+            expected = min(1.0, 2.0 * tail) if n else 1.0
+            a = [True] * only_a + [False] * only_b + [True, False]
+            b = [False] * only_a + [True] * only_b + [True, False]
+            assert mcnemar_exact(a, b) == pytest.approx(expected, rel=1e-12), (only_a, only_b)
+
+
 def test_mcnemar_exact_on_known_tables():
     # 10 pairs only A got right, 2 only B: p = 2 * P(X <= 2 | n=12, 1/2) = 158 / 4096
     a = [True] * 10 + [False] * 2 + [True] * 5 + [False] * 3
