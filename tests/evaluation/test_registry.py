@@ -31,24 +31,25 @@ class CheapestSettings:
     n: int = 3  # samples voted over
 
 
-class Cheapest(SystemKind):
-    """The README's example: a majority vote over ``n`` samples of the cheapest worker."""
-
+class Cheapest(SystemKind):  # the README's example (Evaluation), line for line
     name, rank, section, Settings = "cheapest", (6, 1), "cheapest", CheapestSettings
+
+    def systems(self, ctx):
+        worker = min(range(len(ctx.pool.names)), key=lambda i: sum(ctx.pool.prices[i] or (0, 0)))
+        n = ctx.settings(self.name).n
+        return [BestOfNSystem(ctx.pool, worker, n, pool_id=ctx.pool_id, name=self.name)]
+
+
+class CheckedCheapest(Cheapest):
+    """The same with its setting checked (the YAML's types are otherwise taken as they come)."""
 
     def parse(self, section):
         return CheapestSettings(check_int(section.get("n", 3), "cheapest.n", minimum=1))
 
-    def systems(self, ctx):
-        pool = ctx.pool
-        worker = min(range(len(pool.names)), key=lambda i: sum(pool.prices[i] or (0, 0)))
-        n = ctx.settings(self.name).n
-        return [BestOfNSystem(pool, worker, n, pool_id=ctx.pool_id, name=self.name)]
 
-
-@pytest.fixture
-def cheapest():
-    register(Cheapest)
+@pytest.fixture(params=[Cheapest, CheckedCheapest])
+def cheapest(request):
+    register(request.param)
     yield KINDS["cheapest"]
     del KINDS["cheapest"]
 
@@ -92,8 +93,9 @@ def test_system_order_follows_the_declared_ranks():
 
 
 def test_a_new_kind_is_listed_checked_and_run_from_its_yaml_entry(cheapest):
-    with pytest.raises(ValueError, match=r"evaluation\.cheapest\.n"):
-        EvaluationConfig.from_params({"cheapest": {"n": 0}})
+    if isinstance(cheapest, CheckedCheapest):
+        with pytest.raises(ValueError, match=r"evaluation\.cheapest\.n"):
+            EvaluationConfig.from_params({"cheapest": {"n": 0}})
     with pytest.raises(ValueError, match=r"evaluation\.cheapest: unknown key"):
         EvaluationConfig.from_params({"cheapest": {"samples": 2}})
     config = EvaluationConfig.from_params({"systems": ["solo", "cheapest"], "cheapest": {"n": 2}})
