@@ -26,6 +26,10 @@
       benchmarks: {}              # name -> loader options (tasks.sources): evaluate on these
                                   # instead of the prepared test split (full scale)
       report_by: domain           # per-group table by task domain or by source (benchmark)
+
+The kinds ``systems`` may list, the sections ``moa``/``random_workflow``/``best_of_n``/
+``router`` and their checks are declared by the kinds themselves
+(:mod:`~conductor_pipeline.evaluation.kinds`); this module reads the registry.
 """
 
 from __future__ import annotations
