@@ -42,7 +42,7 @@ def test_training_benchmark_runs_on_a_tiny_model(tiny_model_dir, tmp_path):
     every generation and scoring call, and the report has its figures."""
     import torch
 
-    from conductor_pipeline.benchmarks.suites import training_step_benchmark
+    from conductor_pipeline.benchmarks.training import training_step_benchmark
     from conductor_pipeline.training.configs import TrainingConfig
     from conductor_pipeline.workflow import PromptConfig
 
@@ -80,7 +80,8 @@ def test_the_real_policy_serving_case_reports_one_users_latency(tmp_path):
     first-request and warm figures with their breakdown."""
     import asyncio
 
-    from conductor_pipeline.benchmarks.suites import _bench_tasks, _serve_one_user
+    from conductor_pipeline.benchmarks import bench_tasks
+    from conductor_pipeline.benchmarks.serving import _serve_one_user
     from conductor_pipeline.serving.models import ServedModel
     from conductor_pipeline.workers import WorkerPool
     from conductor_pipeline.workers.sandbox import SandboxServer
@@ -95,7 +96,7 @@ def test_the_real_policy_serving_case_reports_one_users_latency(tmp_path):
             return 0
 
     with SandboxServer(
-        tasks_paths=_bench_tasks(tmp_path), latency_scale=0.0, load_real_model=False
+        tasks_paths=bench_tasks(tmp_path), latency_scale=0.0, load_real_model=False
     ) as sandbox:
         pool = WorkerPool.from_config({"workers": sandbox.pool_config()})
         orchestration = OrchestrationConfig(prompt=PromptConfig(assistant_prefill="model_id = ["))

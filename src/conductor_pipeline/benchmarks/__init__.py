@@ -48,3 +48,37 @@ def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - start)
     return out
+
+
+def bench_tasks(folder, tasks: list | None = None) -> list:
+    """Write ``tasks`` (default: two prepared tasks) for the sandbox to recognise, so that
+    the benchmarks do not need data_prep; returns the ``tasks_paths`` list."""
+    import pandas as pd
+
+    from conductor_pipeline.tasks import Task
+
+    tasks = tasks or [
+        Task(
+            "bench/add",
+            "math",
+            "easy",
+            "Compute the sum of 1234 and 4321.",
+            "5555",
+            "number",
+            "numeric",
+            "bench",
+        ),
+        Task(
+            "bench/syl",
+            "logic",
+            "easy",
+            "All cats are mammals. Are cats mammals? Yes or No.",
+            "Yes",
+            "text",
+            "exact",
+            "bench",
+        ),
+    ]
+    path = folder / "tasks.parquet"
+    pd.DataFrame([t.to_record() for t in tasks]).to_parquet(path)
+    return [path]

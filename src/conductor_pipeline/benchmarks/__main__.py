@@ -11,9 +11,11 @@ import time
 import traceback
 from pathlib import Path
 
-from conductor_pipeline.benchmarks import (
+from conductor_pipeline.benchmarks import (  # noqa: F401  (importing a suite registers it)
     REGISTRY,
-    suites,  # noqa: F401  (registers the benchmarks)
+    serving,
+    suites,
+    training,
 )
 from conductor_pipeline.paths import project_root
 
