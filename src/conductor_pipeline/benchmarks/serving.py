@@ -157,8 +157,6 @@ def serving_load() -> dict[str, Any]:
     import tempfile
     from pathlib import Path
 
-    import httpx
-
     from conductor_pipeline.benchmarks import percentile
     from conductor_pipeline.serving.app import ConductorService
     from conductor_pipeline.serving.server import BackgroundServer
@@ -203,50 +201,14 @@ def serving_load() -> dict[str, Any]:
         with BackgroundServer(service) as server:
             server.wait_ready()
 
-            async def load(count: int, offset: int) -> tuple[list[float], dict[int, int], int]:
-                latencies: list[float] = []
-                statuses: dict[int, int] = {}
-                next_index = iter(range(count))
-                limits = httpx.Limits(max_connections=concurrency)
-                async with httpx.AsyncClient(
-                    base_url=server.base_url, timeout=60, limits=limits
-                ) as client:
-
-                    async def one(i: int) -> None:
-                        body = {
-                            "model": "conductor",
-                            "messages": [{"role": "user", "content": questions[i % 2]}],
-                            "seed": offset + i,
-                            "stream": i % 10 == 9,
-                        }
-                        start = time.perf_counter()
-                        try:
-                            response = await client.post("/chat/completions", json=body)
-                            ok = response.status_code == 200 and (
-                                '"finish_reason": "stop"' in response.text
-                                if body["stream"]
-                                else bool(response.json()["choices"][0]["message"]["content"])
-                            )
-                            status = response.status_code if ok else -response.status_code
-                        except httpx.HTTPError:
-                            status = 0
-                        latencies.append(time.perf_counter() - start)
-                        statuses[status] = statuses.get(status, 0) + 1
-
-                    async def client_loop() -> None:
-                        for i in next_index:
-                            await one(i)
-
-                    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-                leftover = len(asyncio.all_tasks()) - 1
-                return latencies, statuses, leftover
-
-            asyncio.run(load(warmup, 10_000))
+            asyncio.run(_load(server.base_url, questions, concurrency, warmup, 10_000))
             time.sleep(0.5)
             assert server.loop is not None
             baseline = server_tasks(server.loop)
             start = time.perf_counter()
-            latencies, statuses, client_leftover = asyncio.run(load(n_requests, 0))
+            latencies, statuses, client_leftover = asyncio.run(
+                _load(server.base_url, questions, concurrency, n_requests, 0)
+            )
             wall = time.perf_counter() - start
             time.sleep(0.5)  # let closed connections wind down
             leaked = server_tasks(server.loop) - baseline
@@ -269,3 +231,49 @@ def serving_load() -> dict[str, Any]:
         "in_flight_after": in_flight_after,
         "policy": "scripted (one step to sim-abacus), sandbox latency 0, cache off",
     }
+
+
+async def _load(
+    base_url: str, questions: list[str], concurrency: int, count: int, offset: int
+) -> tuple[list[float], dict[int, int], int]:
+    """``count`` requests from ``concurrency`` clients, one in ten streamed; returns the
+    latencies, the status counts (negative: an unusable 200 or error body; 0: no answer)
+    and the asyncio tasks this loop has left."""
+    import asyncio
+
+    import httpx
+
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    next_index = iter(range(count))
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as client:
+
+        async def one(i: int) -> None:
+            body = {
+                "model": "conductor",
+                "messages": [{"role": "user", "content": questions[i % 2]}],
+                "seed": offset + i,
+                "stream": i % 10 == 9,
+            }
+            start = time.perf_counter()
+            try:
+                response = await client.post("/chat/completions", json=body)
+                ok = response.status_code == 200 and (
+                    '"finish_reason": "stop"' in response.text
+                    if body["stream"]
+                    else bool(response.json()["choices"][0]["message"]["content"])
+                )
+                status = response.status_code if ok else -response.status_code
+            except httpx.HTTPError:
+                status = 0
+            latencies.append(time.perf_counter() - start)
+            statuses[status] = statuses.get(status, 0) + 1
+
+        async def client_loop() -> None:
+            for i in next_index:
+                await one(i)
+
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    leftover = len(asyncio.all_tasks()) - 1
+    return latencies, statuses, leftover
