@@ -101,7 +101,9 @@ def _seed(seed: int, *names: str) -> list[int]:
     return [seed, *(zlib.crc32(n.encode("utf-8")) for n in names)]
 
 
-def _workers(value: Any) -> list[str]:
+def step_workers(value: Any) -> list[str]:
+    """The workers of one result row's ``workers`` column (a JSON list, or a list once read
+    back): one name per workflow step; anything else gives none."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -169,7 +171,7 @@ def _system_row(
                 paired["correct"].astype(bool).mean() - paired["correct_ref"].astype(bool).mean()
             )
     # workflow statistics, for the systems that write workflows
-    used = [w for ws in rows["workers"] for w in _workers(ws)]
+    used = [w for ws in rows["workers"] for w in step_workers(ws)]
     row["simulated_call_share"] = (
         sum(1 for w in used if str(w).startswith("sim-")) / len(used) if used else math.nan
     )
@@ -201,7 +203,7 @@ def _worker_names(frame: pd.DataFrame) -> list[str]:
         if system.startswith("solo:"):
             names.append(system[5:])
     for ws in frame["workers"]:
-        for w in _workers(ws):
+        for w in step_workers(ws):
             if w not in names:
                 names.append(w)
     return names

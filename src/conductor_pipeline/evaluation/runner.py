@@ -141,6 +141,8 @@ class RetryingCaller:
     async def __call__(
         self, worker: Any, messages: list[dict[str, str]], sample_index: int = 0, **overrides: Any
     ) -> WorkerReply:
+        # a loop by hand, not tenacity: it retries on a returned reply (not an exception) and
+        # adds every try's attempts to the reply, which tenacity would need callbacks for
         reply = await self.caller(worker, messages, sample_index, **overrides)
         attempts = reply.attempts
         tries = 0

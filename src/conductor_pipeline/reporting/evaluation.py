@@ -18,10 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-# ``_workers``: the evaluation's own reader of the ``workers`` column it writes (a JSON list
-# per row), so the report counts workflow steps exactly as the summary's usage shares do
+# ``step_workers``: the evaluation's own reader of the ``workers`` column it writes, so the
+# report counts workflow steps exactly as the summary's usage shares do
 from conductor_pipeline.evaluation.config import CONDUCTOR_SYSTEMS
-from conductor_pipeline.evaluation.metrics import _workers
+from conductor_pipeline.evaluation.metrics import step_workers
 from conductor_pipeline.reporting.display import MissingInput, new_figure
 
 PATTERNS = ("single", "chain", "independent", "tree")
@@ -181,7 +181,7 @@ def worker_choice(results: pd.DataFrame, system: str = "conductor") -> pd.DataFr
     records = [
         {"domain": domain, "worker": worker}
         for domain, workers in zip(rows["domain"], rows["workers"], strict=True)
-        for worker in _workers(workers)
+        for worker in step_workers(workers)
     ]
     if not records:
         raise MissingInput(f"no executed workflow steps for system {system!r}")

@@ -159,6 +159,8 @@ async def _execute_with_retries(
     reason: str | None = None
     result: ExecutionResult | None = None
     attempts = 0
+    # a loop by hand, not tenacity: the retry depends on the returned result, and the counts
+    # of every attempt are summed into what the reward reports
     for attempt in range(reward_config.infra_retries + 1):
         if attempt and reward_config.retry_delay_s > 0:
             await asyncio.sleep(reward_config.retry_delay_s * 2 ** (attempt - 1))
