@@ -134,3 +134,60 @@ def test_a_local_policy_answers_single_requests_as_its_batches_do_and_learns_to_
     assert policy.forward_passes - passes <= single.completion_tokens // 3
     with pytest.raises(ValueError, match="lookup_tokens"):
         LocalPolicy(lookup_tokens=-1)
+
+
+# -- batches --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_policy():
+    from conductor_pipeline.workflow.policy import LocalPolicy
+
+    policy = LocalPolicy(torch_threads=1)
+    policy.load()
+    return policy
+
+
+def _batch_conversations() -> list[list[dict[str, str]]]:
+    from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
+
+    questions = [
+        "Compute the sum of 1234 and 4321.",
+        "Are all cats mammals? Yes or No.",
+        "Write a Python function that reverses a string.",
+    ]
+    planning = [conductor_messages(q, ["a", "b", "c"], PromptConfig()) for q in questions]
+    # a row whose reply repeats itself (well guessed) and one that ends early
+    return [*planning, _MESSAGES, [{"role": "user", "content": "Say OK."}]]
+
+
+@pytest.mark.parametrize(
+    ("temperature", "seeds"), [(0.0, [0] * 5), (0.7, [1, 2, 3, 4, 5]), (1.0, [9, 8, 7, 6, 5])]
+)
+def test_batches_with_guesses_write_the_texts_of_plain_batches(local_policy, temperature, seeds):
+    import asyncio
+
+    conversations = _batch_conversations()
+
+    def run(lookup_tokens: int) -> tuple[list, int]:
+        local_policy.lookup_tokens = lookup_tokens
+        before = local_policy.batch_forward_passes
+        out = asyncio.run(
+            local_policy.complete_many(
+                conversations, temperature=temperature, max_tokens=40, seeds=seeds
+            )
+        )
+        return out, local_policy.batch_forward_passes - before
+
+    try:
+        plain, plain_passes = run(0)
+        guessed, guessed_passes = run(8)
+    finally:
+        local_policy.lookup_tokens = 8
+    assert [c.text for c in guessed] == [c.text for c in plain]
+    assert [c.completion_tokens for c in guessed] == [c.completion_tokens for c in plain]
+    lengths = [c.completion_tokens for c in plain]
+    assert len(set(lengths)) > 1 and max(lengths) == 40  # rows of different lengths, one cut
+    # without guesses: the prompts' pass, then one pass per token of the longest row
+    assert plain_passes == max(lengths)
+    assert guessed_passes < plain_passes

@@ -131,3 +131,129 @@ def lookup_generate(
             if len(guess) > kept:
                 cache.crop(-(len(guess) - kept))
     return LookupResult(generated, passes, kept_guesses)
+
+
+@dataclass
+class BatchLookupResult:
+    tokens: list[list[int]]  # per row, the end token included when reached
+    forward_passes: int  # after the prompt's pass
+    guessed: int  # guessed tokens that were kept, all rows together
+
+
+def _draw(temperature: float, generator: Any, scores: Any) -> int:
+    """One row's draw, as :class:`~conductor_pipeline.workers.local_model.RowSampler` makes
+    it (the same operations, so the same token for the same generator state)."""
+    import torch
+
+    if temperature <= 0:
+        return int(torch.argmax(scores))
+    probs = torch.softmax(scores.float() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator)[0])
+
+
+def lookup_decode_batch(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    cache: Any,
+    shared: int,
+    sampler: Any,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    history: Sequence[Sequence[int]] = (),
+    max_guess: int = 8,
+) -> BatchLookupResult:
+    """Lookup decoding for a padded batch whose first ``shared`` columns are in ``cache``
+    (``None``: no cache); up to ``max_new_tokens`` ids per row.
+
+    Each pass feeds every unfinished row its newest token and its own guess, padded to the
+    batch's longest guess; the mask hides the pads. Each row then draws its positions in
+    order with its own generator (``sampler``: a
+    :class:`~conductor_pipeline.workers.local_model.RowSampler`, one draw per position, as
+    plain decoding) and keeps its guess while it matches. Rejected guesses and pads stay in
+    the cache, hidden by the mask from then on, so a ragged batch needs no crop; positions
+    follow the mask, so a row's kept tokens stay contiguous. A finished row leaves the batch,
+    its keys and values with it. ``max_guess=0`` is plain decoding, one token a pass.
+    """
+    import torch
+
+    rows = input_ids.shape[0]
+    tokens: list[list[int]] = [[] for _ in range(rows)]
+    if max_new_tokens < 1:
+        return BatchLookupResult(tokens, 0, 0)
+    prompts = [input_ids[i][attention_mask[i].bool()].tolist() for i in range(rows)]
+    # one index for the batch: the shared opening once, then each row's own tokens
+    sources = [*history, prompts[0], *(p[shared:] for p in prompts[1:])]
+    index = NgramIndex(sources if max_guess > 0 else [])
+    # positions follow the mask (pads take none), as generate computes them
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids[:, shared:],
+        attention_mask=attention_mask,
+        position_ids=positions[:, shared:],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache, mask, live = out.past_key_values, attention_mask, list(range(rows))
+    temperatures, generators = list(sampler.temperatures), list(sampler.generators)
+    next_position = positions[:, -1] + 1
+    for j in live:
+        tokens[j].append(_draw(temperatures[j], generators[j], out.logits[j, -1]))
+    passes = kept_guesses = 0
+    while True:
+        keep = [
+            j
+            for j, row in enumerate(live)
+            if tokens[row][-1] != eos_token_id and len(tokens[row]) < max_new_tokens
+        ]
+        if not keep:
+            break
+        if len(keep) < len(live):  # finished rows leave the batch
+            picked = torch.tensor(keep)
+            cache.batch_select_indices(picked)
+            mask, next_position = mask[picked], next_position[picked]
+            live = [live[j] for j in keep]
+            temperatures = [temperatures[j] for j in keep]
+            generators = [generators[j] for j in keep]
+        guesses = [
+            index.guess(
+                prompts[row] + tokens[row],
+                min(max_guess, max_new_tokens - len(tokens[row])),
+                reply_start=len(prompts[row]),
+            )
+            for row in live
+        ]
+        width = 1 + max(len(g) for g in guesses)
+        fed = [
+            [tokens[row][-1], *g] + [pad_token_id] * (width - 1 - len(g))
+            for row, g in zip(live, guesses, strict=True)
+        ]
+        new_columns = [[1] * (1 + len(g)) + [0] * (width - 1 - len(g)) for g in guesses]
+        base = mask.shape[1]
+        mask = torch.cat([mask, torch.tensor(new_columns, dtype=mask.dtype)], dim=1)
+        out = model(
+            input_ids=torch.tensor(fed),
+            attention_mask=mask,
+            position_ids=next_position[:, None] + torch.arange(width),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        passes += 1
+        for j, (row, guess) in enumerate(zip(live, guesses, strict=True)):
+            kept = 0
+            for i in range(len(guess) + 1):
+                token = _draw(temperatures[j], generators[j], out.logits[j, i])
+                tokens[row].append(token)
+                if token == eos_token_id or len(tokens[row]) >= max_new_tokens:
+                    break
+                if i == len(guess) or token != guess[i]:
+                    break
+                kept += 1
+            kept_guesses += kept
+            # the newest token and the right guesses keep their columns; the rest (wrong
+            # guesses, pads) are hidden for good; the last token drawn comes next pass
+            mask[j, base + 1 + kept :] = 0
+            next_position[j] += 1 + kept
+    return BatchLookupResult(tokens, passes, kept_guesses)

@@ -87,6 +87,8 @@ class LocalPolicy:
         self.prefix_hits = 0
         # forward passes of single requests (prompt included; observability, benchmarks)
         self.forward_passes = 0
+        # forward passes of batches (prompts included; observability, benchmarks)
+        self.batch_forward_passes = 0
         # recent replies (token ids) that lookup decoding guesses from; they change how
         # fast a reply is written, never what it says
         self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
@@ -271,57 +273,31 @@ class LocalPolicy:
         """Sample up to ``max_tokens`` tokens per row of a padded batch whose first ``shared``
         tokens are in ``cache``; a row's list ends with the end token when it wrote one.
 
-        ``generate`` without its batch bookkeeping: each step the rows' samplers pick the
-        next tokens (:class:`RowSampler`: the same draws, so the same text), and a row that
-        has finished leaves the batch, its keys and values with it. ``generate`` would run
-        every row until the longest is done, and one Conductor sample that rambles on to
-        the token limit made a batch of short workflows cost twice its length.
+        ``generate`` without its batch bookkeeping, by batched lookup decoding
+        (:func:`~conductor_pipeline.workers.lookup_decoding.lookup_decode_batch`): each pass
+        checks every row's own guess of its next ``lookup_tokens`` tokens, each row draws
+        with its own sampler (:class:`RowSampler`: the same draws, so the same text), and a
+        row that has finished leaves the batch, its keys and values with it. ``generate``
+        would run every row until the longest is done, and one Conductor sample that
+        rambles on to the token limit made a batch of short workflows cost twice its length.
         """
-        import torch
+        from conductor_pipeline.workers.lookup_decoding import lookup_decode_batch
 
-        eos = self._tokenizer.eos_token_id
-        rows = input_ids.shape[0]
-        generated: list[list[int]] = [[] for _ in range(rows)]
-        if max_tokens < 1:
-            return generated
-        # positions follow the mask (pads take none), as generate computes them
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self._model(
-            input_ids=input_ids[:, shared:],
-            attention_mask=attention_mask,
-            position_ids=positions[:, shared:],
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
+        result = lookup_decode_batch(
+            self._model,
+            input_ids,
+            attention_mask,
+            cache,
+            shared,
+            sampler,
+            max_tokens,
+            self._tokenizer.eos_token_id,
+            self._tokenizer.pad_token_id,
+            history=list(self._recent_replies),
+            max_guess=self.lookup_tokens,
         )
-        cache, mask, live = out.past_key_values, attention_mask, list(range(rows))
-        next_position = positions[:, -1] + 1
-        for step in range(1, max_tokens + 1):
-            picked = sampler(None, out.logits[:, -1, :].float()).argmax(dim=-1)
-            keep = []
-            for j, token in enumerate(picked.tolist()):
-                generated[live[j]].append(token)
-                if token != eos:
-                    keep.append(j)
-            if not keep or step == max_tokens:
-                break
-            if len(keep) < len(live):  # finished rows leave the batch
-                index = torch.tensor(keep)
-                cache.batch_select_indices(index)
-                mask, picked, next_position = mask[index], picked[index], next_position[index]
-                live = [live[j] for j in keep]
-                sampler.temperatures = [sampler.temperatures[j] for j in keep]
-                sampler.generators = [sampler.generators[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-            out = self._model(
-                input_ids=picked[:, None],
-                attention_mask=mask,
-                position_ids=next_position[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            next_position = next_position + 1
-        return generated
+        self.batch_forward_passes += result.forward_passes + 1  # + the prompts' pass
+        return result.tokens
 
     def _set_threads(self) -> None:
         # per calling thread: generations run in worker threads, and OpenMP keeps the thread
