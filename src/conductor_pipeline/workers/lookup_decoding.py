@@ -1,4 +1,5 @@
-"""Lookup decoding for one conversation: the tokens plain decoding draws, in fewer passes.
+"""Lookup decoding: the tokens plain decoding draws, in fewer passes (one conversation:
+:func:`lookup_generate`; a padded batch, each row with its own guess: :func:`lookup_decode_batch`).
 
 On a CPU, a forward pass of a small model over a handful of new tokens costs little more than
 a pass over one: the weights are read from memory once either way, and that read is most of
@@ -13,6 +14,7 @@ model's distribution given every token before it, by the row's own sampler (the
 position). A guess only decides how many positions one pass covers; a wrong guess costs a
 slightly larger pass and is then thrown away, cache included. The text is therefore the one
 ``generate_chat`` writes for the same seed, up to the float rounding of a multi-token pass.
+In a batch a wrong guess stays in the cache, hidden by the mask instead.
 """
 
 from __future__ import annotations
