@@ -8,6 +8,30 @@ from typing import Any
 
 from conductor_pipeline.benchmarks import bench_tasks, benchmark
 
+# the two prepared questions of :func:`~conductor_pipeline.benchmarks.bench_tasks`
+QUESTIONS = (
+    "Compute the sum of 1234 and 4321.",
+    "All cats are mammals. Are cats mammals? Yes or No.",
+)
+
+
+def project_conductor() -> tuple[Any, dict[str, Any], Any] | str:
+    """The project's local Conductor as ``conductor serve`` resolves it: ``(project config,
+    conductor parameters, served model)``, or why there is none to measure."""
+    from conductor_pipeline.project import load_project_config
+    from conductor_pipeline.serving.models import ModelResolutionError, resolve_served_model
+
+    config = load_project_config()
+    params = dict(config.parameters.get("conductor") or {})
+    policy_params = dict(params.get("policy") or {})
+    if policy_params.get("kind", "local") != "local":
+        return "conductor.policy is not a local model"
+    try:
+        served = resolve_served_model(policy_params.get("adapter"), root=config.root)
+    except ModelResolutionError as err:
+        return str(err)
+    return config, params, served
+
 
 @benchmark("serving")
 def serving_benchmark() -> dict[str, Any]:
@@ -31,20 +55,14 @@ def serving_real_policy(requests: int = 10) -> dict[str, Any]:
     Measured twice, without and with the start-up warm-up (``serving.warm_up``): time to
     ready, the first request, then ``requests`` more (p50/p95), and where a warm request's
     time goes (Conductor generation, worker steps, the rest: HTTP and orchestration)."""
-    from conductor_pipeline.project import load_project_config
-    from conductor_pipeline.serving.models import ModelResolutionError, resolve_served_model
     from conductor_pipeline.workers.runtime import open_worker_pool
     from conductor_pipeline.workflow.config import build_policy, orchestration_config
 
-    config = load_project_config()
-    params = dict(config.parameters.get("conductor") or {})
+    found = project_conductor()
+    if isinstance(found, str):
+        return {"skipped": found}
+    config, params, served = found
     policy_params = dict(params.get("policy") or {})
-    if policy_params.get("kind", "local") != "local":
-        return {"skipped": "conductor.policy is not a local model"}
-    try:
-        served = resolve_served_model(policy_params.get("adapter"), root=config.root)
-    except ModelResolutionError as err:
-        return {"skipped": str(err)}
     orchestration = orchestration_config(params)
     figures: dict[str, Any] = {
         "model": served.id,
@@ -85,10 +103,7 @@ def _serve_one_user(
     from conductor_pipeline.serving.server import BackgroundServer
     from conductor_pipeline.serving.settings import ServingSettings
 
-    questions = [
-        "Compute the sum of 1234 and 4321.",
-        "All cats are mammals. Are cats mammals? Yes or No.",
-    ]
+    questions = list(QUESTIONS)
     service = ConductorService(
         policy=policy,
         call_worker=pool,
@@ -167,10 +182,7 @@ def serving_load() -> dict[str, Any]:
     from conductor_pipeline.workflow.policy import ScriptedPolicy
 
     n_requests, concurrency, warmup = 200, 16, 16
-    questions = [
-        "Compute the sum of 1234 and 4321.",
-        "All cats are mammals. Are cats mammals? Yes or No.",
-    ]
+    questions = list(QUESTIONS)
 
     def server_tasks(loop: asyncio.AbstractEventLoop) -> int:
         async def count() -> int:

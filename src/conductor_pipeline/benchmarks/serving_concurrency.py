@@ -8,10 +8,7 @@ import statistics
 import time
 from typing import Any
 
-QUESTIONS = (
-    "Compute the sum of 1234 and 4321.",
-    "All cats are mammals. Are cats mammals? Yes or No.",
-)
+from conductor_pipeline.benchmarks.serving import QUESTIONS, project_conductor
 
 
 def serving_concurrency(
@@ -31,22 +28,16 @@ def serving_concurrency(
     part; then the throughput ratio of the largest count to one client (target: 4)."""
     import dataclasses
 
-    from conductor_pipeline.project import load_project_config
-    from conductor_pipeline.serving.models import ModelResolutionError, resolve_served_model
     from conductor_pipeline.serving.server import in_process_policy
     from conductor_pipeline.serving.settings import serving_settings
     from conductor_pipeline.workers.runtime import open_worker_pool
     from conductor_pipeline.workflow.config import orchestration_config
 
-    config = load_project_config()
-    params = dict(config.parameters.get("conductor") or {})
+    found = project_conductor()
+    if isinstance(found, str):
+        return {"skipped": found}
+    config, params, served = found
     policy_params = dict(params.get("policy") or {})
-    if policy_params.get("kind", "local") != "local":
-        return {"skipped": "conductor.policy is not a local model"}
-    try:
-        served = resolve_served_model(policy_params.get("adapter"), root=config.root)
-    except ModelResolutionError as err:
-        return {"skipped": str(err)}
     settings = serving_settings(config.parameters.get("serving"))
     orchestration = orchestration_config(params)
     policy = in_process_policy(policy_params, served.adapter_dir, settings)
