@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Set before any test module imports litellm, transformers, datasets or kedro.
 _OFFLINE = {
@@ -15,10 +16,16 @@ _OFFLINE = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 os.environ.update(_OFFLINE)
+# One plain copy of SmolLM2 for the whole session (the checkout's, as `make run` makes it):
+# project copies would otherwise each convert the GGUF again, ~20 s apiece on 2 cores.
+# Tests of the conversion itself set their own folder.
+os.environ.setdefault(
+    "CONDUCTOR_MODEL_CACHE",
+    str(Path(__file__).resolve().parents[1] / "data" / "06_models" / "smollm2-135m-instruct"),
+)
 
 
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 

@@ -128,7 +128,10 @@ def test_faults_from_runtime_params_change_no_answer(project, monkeypatch):
 
     monkeypatch.setattr(nodes, "build_policies", _scripted_policies)
     rates = {"timeout": 0.1, "rate_limit": 0.1, "provider_error": 0.1}
-    _run(project, {"worker_pool": {"faults": {"seed": 3, "rates": rates}}})
+    # three systems are enough to see the params arrive; every system under faults is
+    # compared in tests/evaluation/test_faults.py
+    systems = {"evaluation": {"systems": ["conductor", "solo", "moa", "oracle"]}}
+    _run(project, {**systems, "worker_pool": {"faults": {"seed": 3, "rates": rates}}})
     info = json.loads((project / "data/08_reporting/evaluation_run_info.json").read_text())
     injected = info["injected_faults"]
     assert injected["level"] == "provider" and injected["rates"] == rates
@@ -140,7 +143,7 @@ def test_faults_from_runtime_params_change_no_answer(project, monkeypatch):
     # the same evaluation without faults, from scratch
     (project / "data/07_model_output/evaluation/results.jsonl").unlink()
     (project / "data/03_primary/response_cache.sqlite").unlink()
-    _run(project)
+    _run(project, systems)
     info = json.loads((project / "data/08_reporting/evaluation_run_info.json").read_text())
     assert "injected_faults" not in info and info["pairs_run"] > 0
     clean = pd.read_parquet(project / "data/08_reporting/evaluation_results.parquet")

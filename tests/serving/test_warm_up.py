@@ -86,8 +86,7 @@ def test_single_requests_reuse_the_warm_prefix_and_write_the_same_text(smollm2):
         (q, seed): generate_chat(
             smollm2._model, smollm2._tokenizer, _planning(q), 24, temperature=0.7, seed=seed
         )
-        for q in questions
-        for seed in (0, 1)
+        for q, seed in zip(questions, (0, 1), strict=True)
     }
     with pytest.raises(ValueError, match="at least one"):
         smollm2.warm_up([])

@@ -72,7 +72,7 @@ def _lookup(model, tokenizer, messages, temperature, seed, max_new_tokens, histo
     )
 
 
-@pytest.mark.parametrize(("temperature", "seed"), [(0.0, 0), (0.7, 1), (0.7, 2), (1.0, 3)])
+@pytest.mark.parametrize(("temperature", "seed"), [(0.0, 0), (0.7, 1), (1.0, 3)])
 def test_lookup_decoding_writes_the_text_plain_decoding_writes(smollm2, temperature, seed):
     from conductor_pipeline.workers.local_model import generate_chat
 
@@ -161,9 +161,8 @@ def _batch_conversations() -> list[list[dict[str, str]]]:
     return [*planning, _MESSAGES, [{"role": "user", "content": "Say OK."}]]
 
 
-@pytest.mark.parametrize(
-    ("temperature", "seeds"), [(0.0, [0] * 5), (0.7, [1, 2, 3, 4, 5]), (1.0, [9, 8, 7, 6, 5])]
-)
+# greedy, and sampling at full temperature (where guesses are refused most often)
+@pytest.mark.parametrize(("temperature", "seeds"), [(0.0, [0] * 5), (1.0, [9, 8, 7, 6, 5])])
 def test_batches_with_guesses_write_the_texts_of_plain_batches(local_policy, temperature, seeds):
     import asyncio
 
