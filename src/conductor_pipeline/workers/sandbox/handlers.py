@@ -124,6 +124,7 @@ async def health(request: Request) -> JSONResponse:
             # generate calls of the real model and the largest batch one of them served
             "real_model_batches": len(real.batch_sizes),
             "real_model_max_batch": max(real.batch_sizes, default=0),
+            "real_model_abandoned": real.abandoned,
         }
     )
 
@@ -178,7 +179,7 @@ async def chat_completions(request: Request) -> JSONResponse:
     if body.model in state.sims:
         return await _answer_simulated(state, body)
     if body.model in state.real.profiles:
-        return await _answer_real(state, body)
+        return await _answer_real(state, body, request)
     known = ", ".join(state.profiles.names)
     return error_response(
         404,
@@ -239,7 +240,12 @@ async def _answer_simulated(state: AppState, body: SandboxChatRequest) -> JSONRe
     )
 
 
-async def _answer_real(state: AppState, body: SandboxChatRequest) -> JSONResponse:
+async def _until_disconnected(request: Request, poll_s: float = 0.5) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(poll_s)
+
+
+async def _answer_real(state: AppState, body: SandboxChatRequest, request: Request) -> JSONResponse:
     real = state.real
     if not real.ready.is_set() or real.model is None:
         if real.error:
@@ -258,9 +264,19 @@ async def _answer_real(state: AppState, body: SandboxChatRequest) -> JSONRespons
     limit = min(body.max_completion_tokens or body.max_tokens or profile_limit, profile_limit)
     messages = [m.model_dump() for m in body.messages]
     chat = [{"role": m["role"], "content": message_text(m)} for m in messages]
-    text, prompt_tokens, completion_tokens = await asyncio.wrap_future(
-        real.submit(chat, limit, _temperature(body), _seed(body))
-    )
+    reply = asyncio.wrap_future(real.submit(chat, limit, _temperature(body), _seed(body)))
+    # A caller that gave up (its timeout, then a retry) closes the connection: its reply is
+    # cancelled, so the batcher skips it instead of generating for nobody. Without this,
+    # abandoned requests queue up behind slow batches and every retry times out in turn.
+    gone = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({reply, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not reply.done():
+        reply.cancel()
+        return error_response(499, "the client closed the connection", kind="cancelled")
+    text, prompt_tokens, completion_tokens = reply.result()
     finish = "length" if completion_tokens >= limit else "stop"
     return completion_response(
         body.model, text, prompt_tokens, completion_tokens, finish, simulated=False

@@ -44,6 +44,7 @@ class RealWorkers:
         self.ready = threading.Event()
         self.load_seconds: float | None = None
         self.batch_sizes: list[int] = []  # one entry per generate call, for tests and /health
+        self.abandoned = 0  # queued requests whose caller went away before their batch
         self._pending: list[tuple[list[dict[str, Any]], int, float, int, Future]] = []
         self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -94,8 +95,16 @@ class RealWorkers:
             with self._wakeup:
                 while not self._pending:
                     self._wakeup.wait()
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
+                batch = []
+                while self._pending and len(batch) < self.max_batch:
+                    entry = self._pending.pop(0)
+                    # False: the request was cancelled (its caller went away) while queued
+                    if entry[-1].set_running_or_notify_cancel():
+                        batch.append(entry)
+                    else:
+                        self.abandoned += 1
+                if not batch:
+                    continue
             try:
                 replies = generate_chat_batch(
                     self.model,

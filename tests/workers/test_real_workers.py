@@ -1,0 +1,108 @@
+"""The sandbox's real-worker batcher skips requests whose caller went away: a reply nobody
+waits for is never generated, so a caller's timeout and retry do not queue the same work
+twice behind a slow batch."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import httpx
+import pytest
+import uvicorn
+
+from conductor_pipeline.workers import local_model
+from conductor_pipeline.workers.sandbox import load_profiles
+from conductor_pipeline.workers.sandbox.profiles import default_profiles_path
+from conductor_pipeline.workers.sandbox.real_workers import RealWorkers
+from conductor_pipeline.workers.sandbox.server import create_app
+
+PROFILES = load_profiles(default_profiles_path())
+REAL = PROFILES.real[0].name
+
+
+class HeldGenerator:
+    """Stands in for ``generate_chat_batch``: the first batch waits for ``release``."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.batches: list[list[str]] = []
+
+    def __call__(self, model, tokenizer, chats, limits, temperatures, seeds):
+        self.batches.append([chat[-1]["content"] for chat in chats])
+        if len(self.batches) == 1:
+            assert self.release.wait(30), "the test never released the first batch"
+        return [(f"reply to {chat[-1]['content']}", 3, 2) for chat in chats]
+
+
+@pytest.fixture
+def held(monkeypatch) -> HeldGenerator:
+    generator = HeldGenerator()
+    monkeypatch.setattr(local_model, "generate_chat_batch", generator)
+    return generator
+
+
+def _wait_until(condition, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.02)
+
+
+def _ask(workers: RealWorkers, text: str) -> Future:
+    return workers.submit([{"role": "user", "content": text}], 8, 0.0, 0)
+
+
+def test_a_cancelled_request_is_skipped_by_the_next_batch(held):
+    workers = RealWorkers(PROFILES.real, None, None, max_batch=8)
+    first = _ask(workers, "first")
+    _wait_until(lambda: held.batches, "the first batch")
+    gone, kept = _ask(workers, "gone"), _ask(workers, "kept")
+    assert gone.cancel()  # still queued: cancellable
+    held.release.set()
+    assert first.result(10)[0] == "reply to first" and kept.result(10)[0] == "reply to kept"
+    assert held.batches == [["first"], ["kept"]] and workers.abandoned == 1
+
+
+@pytest.fixture
+def sandbox(held) -> Iterator[tuple[str, RealWorkers]]:
+    app = create_app(PROFILES, [], latency_scale=0.0, load_real_model=False)
+    real: RealWorkers = app.state.real_workers
+    real.model, real.tokenizer = object(), object()  # the held generator never reads them
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    _wait_until(lambda: server.started, "the server to start")
+    yield f"http://127.0.0.1:{port}", real
+    held.release.set()
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_a_caller_that_times_out_is_not_generated_for(sandbox, held):
+    url, real = sandbox
+
+    def post(text: str, timeout: float) -> httpx.Response:
+        body = {"model": REAL, "messages": [{"role": "user", "content": text}]}
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout)
+
+    answered: list[httpx.Response] = []
+    first = threading.Thread(target=lambda: answered.append(post("first", 30)))
+    first.start()
+    _wait_until(lambda: held.batches, "the first batch")
+    with pytest.raises(httpx.ReadTimeout):
+        post("given up", 0.5)  # queued behind the held batch; the caller leaves
+    _wait_until(lambda: real._pending and real._pending[0][-1].cancelled(), "the cancel")
+    held.release.set()
+    first.join(30)
+    assert answered[0].status_code == 200
+    _wait_until(lambda: real.abandoned == 1, "the batcher to skip it")
+    assert held.batches == [["first"]]
+    health = httpx.get(f"{url}/health", timeout=10).json()
+    assert health["real_model_abandoned"] == 1 and health["real_model_batches"] == 1
