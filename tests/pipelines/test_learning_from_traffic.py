@@ -193,47 +193,81 @@ def test_promotion_refuses_a_version_that_regresses_on_the_new_slice(registry):
 
 # ------------------------------------------------------------------ end to end on the sandbox
 
-# Every node of the retraining pipeline that reads or moves data, run as the Airflow DAG runs
-# them (`kedro run --nodes`). Training, evaluation on the fixed split, promotion and the
-# reports are left out (minutes of GRPO on CPU per run); the nodes after them read their
-# stored outputs, which the test writes.
-_RUN_NODES = [
-    "acquire_retraining_lock",
-    "collect_tasks",
-    "add_logged_questions",
-    "deduplicate_tasks",
-    "make_splits",
-    "collect_retraining_sources",
-    "evaluate_traffic_slice",
-    "commit_source_watermarks",
-    "release_retraining_lock",
-]
+# A Conductor adapter `make run` trained and promoted (tests/fixtures/champion_adapter/README.md)
+CHAMPION_ADAPTER = REPO / "tests" / "fixtures" / "champion_adapter"
+
+
+def _write(path: Path, data: dict) -> None:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _sandbox_project(root: Path) -> Path:
-    """The base configuration on a small sandbox (simulated workers that also know the
-    prepared tasks in ``served_tasks.parquet``, not only the split ones), the scripted Conductor, capture on and the
-    traffic source on (watermarks in the project's MLflow store, the default)."""
+    """The base configuration on a small sandbox: the simulated workers only (they also know
+    the prepared tasks in ``served_tasks.parquet``, not only the split ones), capture on, the
+    traffic source on, and training and evaluation cut to a GRPO step and a question per
+    domain. The Conductor is the configured default: SmolLM2 with the champion's adapter."""
     (root / "conf" / "local").mkdir(parents=True)
     (root / "src").mkdir()
     shutil.copy(REPO / "pyproject.toml", root)
     shutil.copytree(REPO / "conf" / "base", root / "conf" / "base")
+    shutil.copytree(REPO / "notebooks", root / "notebooks")  # the report notebooks
     local = root / "conf" / "local"
-    pool = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())
+
+    def base(name: str) -> dict:
+        return yaml.safe_load((REPO / "conf" / "base" / name).read_text())
+
+    pool = base("workers.yml")
     sandbox = pool["worker_pool"]["sandbox"]
-    sandbox.update(load_real_model=False, latency_scale=0.0, workers=["sim-sage", "sim-abacus"])
+    sandbox.update(load_real_model=False, latency_scale=0.0)
+    sandbox["workers"] = ["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx", "sim-sprout"]
     sandbox["tasks"] = [*sandbox["tasks"], "data/01_raw/served_tasks.parquet"]
-    (local / "workers.yml").write_text(yaml.safe_dump(pool))
-    conductor = yaml.safe_load((REPO / "conf/base/parameters_conductor.yml").read_text())
-    conductor["conductor"]["policy"] = {"kind": "scripted", "worker": 0, "adapter": None}
-    (local / "parameters_conductor.yml").write_text(yaml.safe_dump(conductor))
-    (local / "parameters_serving.yml").write_text(
-        yaml.safe_dump({"serving": {"capture": {"enabled": True}}})
+    _write(local / "workers.yml", pool)
+    training = base("parameters_training.yml")
+    training["training"]["grpo"].update(
+        num_generations=2, prompts_per_step=1, max_steps=1, save_steps=1, max_completion_length=16
     )
-    (local / "parameters_retraining.yml").write_text(
-        yaml.safe_dump({"retraining_sources": {"traffic": {"enabled": True}}})
+    _write(local / "parameters_training.yml", training)
+    evaluation = base("parameters_evaluation.yml")
+    evaluation["evaluation"].update(
+        test_per_domain=1,
+        validation_per_domain=1,
+        systems=["conductor", "champion", "solo", "oracle"],
+        metrics={"bootstrap_samples": 100, "confidence": 0.95},
+        trace_sample=0,
+    )
+    _write(local / "parameters_evaluation.yml", evaluation)
+    _write(local / "parameters_serving.yml", {"serving": {"capture": {"enabled": True}}})
+    _write(
+        local / "parameters_retraining.yml",
+        {"retraining_sources": {"traffic": {"enabled": True}}},
     )
     return root
+
+
+def _register_champion(project: Path) -> str:
+    """Register the trained adapter as training does (``register_conductor``) in the
+    project's own store and make it champion; returns the version."""
+    import mlflow
+
+    from conductor_pipeline.pipelines.training.nodes import register_conductor
+
+    adapter = project / "data" / "06_models" / "champion" / "adapter"
+    shutil.copytree(CHAMPION_ADAPTER, adapter, ignore=shutil.ignore_patterns("README.md"))
+    mlflow.set_tracking_uri(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+    mlflow.set_experiment("conductor-champion")
+    info = {
+        "adapter_dir": str(adapter),
+        "base_model": "smollm2-135m-instruct",
+        "pool_fingerprint": "make-run",
+        "data_version": "make-run",
+        "config_fingerprint": "make-run",
+        "run_fingerprint": "make-run",
+        "global_step": 14,
+        "worker_names": ["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx", "sim-sprout"],
+    }
+    version = str(register_conductor(info)["version"])
+    mlflow.MlflowClient().set_registered_model_alias("conductor", "champion", version)
+    return version
 
 
 def _kedro(project: Path, *args: str) -> None:
@@ -258,24 +292,24 @@ def _read(project: Path, name: str) -> pd.DataFrame:
     return pd.read_parquet(project / "data" / "05_model_input" / f"{name}.parquet")
 
 
+def _store(project: Path) -> MlflowClient:
+    return MlflowClient(tracking_uri=f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+
+
 def _watermark(project: Path) -> str | None:
-    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("conductor-retraining")
+    experiment = _store(project).get_experiment_by_name("conductor-retraining")
     return None if experiment is None else experiment.tags.get("watermark.traffic")
 
 
-@pytest.mark.slow
-def test_served_traffic_with_feedback_reaches_the_next_retraining(tmp_path):
-    """Serve with capture on, ask prepared questions, send feedback through the OpenAI
-    client, run the retraining pipeline: the questions with a reference answer are in its
-    training data, those judged right in its evaluation slice, the test-split question in
-    neither, the watermark moved; a second run with no new traffic is ``unchanged``."""
-    from openai import OpenAI
+def _data_version(tasks: pd.DataFrame) -> str:
+    from conductor_pipeline.training.inputs import data_version
 
-    from tests.serving.conftest import ServeProcess, serve_env
+    return data_version([Task.from_record(row) for row in tasks.to_dict("records")])
 
-    project = _sandbox_project(tmp_path / "project")
-    _kedro(project, "--pipelines", "data_prep")
+
+def _new_tasks(project: Path) -> pd.DataFrame:
+    """Six prepared tasks that data_prep left out of the splits (numeric answers): what the
+    users of the served Conductor ask about."""
     raw = pd.read_parquet(project / "data" / "01_raw" / "tasks.parquet")
     in_splits = {
         normalise_question(q)
@@ -287,18 +321,42 @@ def test_served_traffic_with_feedback_reaches_the_next_retraining(tmp_path):
     unsplit = raw[~raw["key"].isin(in_splits) & (raw["answer_format"] == "number")]
     chosen = unsplit.drop_duplicates("key").sort_values("id").head(6).drop(columns="key")
     assert len(chosen) == 6, "the prepared tasks left out of the splits are the new questions"
+    return chosen
+
+
+@pytest.mark.slow
+def test_served_traffic_with_feedback_reaches_the_next_retraining(tmp_path, monkeypatch):
+    """Serve the champion with capture on, ask prepared questions, send feedback through the
+    OpenAI client, run the retraining pipeline: the questions with a reference answer are in
+    the training data of the version it trains, those judged right in its evaluation slice
+    (both versions evaluated on it), the test-split question in neither, the watermark moved;
+    a second run with no new traffic trains on nothing new and records ``unchanged``."""
+    from openai import OpenAI
+
+    from tests.serving.conftest import ServeProcess, serve_env
+
+    project = _sandbox_project(tmp_path / "project")
+    _kedro(project, "--pipelines", "data_prep")
+    chosen = _new_tasks(project)
     chosen.to_parquet(project / "data" / "01_raw" / "served_tasks.parquet")
     anchor = _read(project, "test_tasks").iloc[0]
+    monkeypatch.setenv("CONDUCTOR_PROJECT_ROOT", str(project))
+    monkeypatch.chdir(project)
+    champion = _register_champion(project)
 
     key = "sk-e2e-traffic-5c2a9e71"
-    process = ServeProcess(project, [], serve_env(tmp_path, CONDUCTOR_API_KEY=key)).start()
+    env = serve_env(tmp_path, CONDUCTOR_API_KEY=key)
+    env.pop("MLFLOW_TRACKING_URI")  # the champion is in the project's store
+    process = ServeProcess(project, [], env).start(timeout_s=300)
     try:
-        client = OpenAI(base_url=process.base_url, api_key=key, max_retries=0)
+        client = OpenAI(base_url=process.base_url, api_key=key, max_retries=0, timeout=120)
 
         def ask(question: str) -> str:
             reply = client.chat.completions.create(
                 model="conductor", messages=[{"role": "user", "content": question}]
             )
+            served = reply.model_extra["conductor"]["model"]
+            assert (served["version"], served["alias"]) == (champion, "champion")
             return reply.id
 
         def feedback(request_id: str, **body: object) -> dict:
@@ -317,16 +375,12 @@ def test_served_traffic_with_feedback_reaches_the_next_retraining(tmp_path):
         feedback(ask(anchor["question"]), reference_answer=str(anchor["answer"]))
     finally:
         assert process.stop() == 0, process.output
-
-    reporting = project / "data" / "08_reporting"
-    (reporting / "promotion_decision.json").write_text('{"decision": "unchanged"}')
-    (reporting / "training_report.html").write_text("<html></html>")
-    (reporting / "evaluation_report.html").write_text("<html></html>")
-    (project / "data" / "06_models" / "conductor").mkdir(parents=True)
-    (project / "data" / "06_models" / "conductor" / "registered_model.json").write_text("{}")
+    assert key not in "".join(
+        path.read_text() for path in (project / "data" / "01_raw" / "traffic").iterdir()
+    )
 
     assert _watermark(project) is None
-    _kedro(project, "--pipelines", "retraining", "--nodes", ",".join(_RUN_NODES))
+    _kedro(project, "--pipelines", "retraining")
     train, joined = _read(project, "train_tasks"), _read(project, "retraining_train_tasks")
     added = joined.iloc[len(train) :]
     assert sorted(added["question"]) == sorted(references["question"])
@@ -336,11 +390,20 @@ def test_served_traffic_with_feedback_reaches_the_next_retraining(tmp_path):
     assert list(added.sort_values("question")["answer"]) == list(
         references.sort_values("question")["answer"]
     )
+    reporting = project / "data" / "08_reporting"
+    # the version this run trained learned from the joined split, starting from the champion
+    registered = project / "data" / "06_models" / "conductor" / "registered_model.json"
+    trained = json.loads(registered.read_text())
+    assert trained["version"] != champion
+    tags = _store(project).get_model_version("conductor", trained["version"]).tags
+    assert tags["data_version"] == _data_version(joined)
     new_slice = _read(project, "traffic_slice_tasks")
     assert sorted(new_slice["question"]) == sorted(judged["question"].iloc[:2])
     figures = json.loads((reporting / "traffic_slice_figures.json").read_text())
-    assert figures["questions"] == 2 and figures["challenger"]["n"] == 2
-    assert "champion was not evaluated" in figures["skipped"]  # the scripted rule has none
+    assert figures["questions"] == 2 and figures["skipped"] is None
+    assert figures["challenger"]["n"] == 2 and figures["champion"]["n"] == 2
+    decision = json.loads((reporting / "promotion_decision.json").read_text())
+    assert decision["version"] == trained["version"] and decision["new_slice"]["questions"] == 2
     report = json.loads((reporting / "retraining_sources_report.json").read_text())
     [traffic] = report["sources"]
     assert report["unchanged"] is False and traffic["in_test_split"] == 1
@@ -348,20 +411,16 @@ def test_served_traffic_with_feedback_reaches_the_next_retraining(tmp_path):
     assert first_mark and first_mark == traffic["watermark"]
     run_report = json.loads((reporting / "retraining_report.json").read_text())
     assert run_report["sources"]["moved"] == ["traffic"] and run_report["lock_released"]
+    assert run_report["sources"]["reports_rendered"]
 
-    _kedro(project, "--pipelines", "retraining", "--nodes", ",".join(_RUN_NODES))
+    _kedro(project, "--pipelines", "retraining")
     again = json.loads((reporting / "retraining_sources_report.json").read_text())
     assert again["unchanged"] is True and again["tasks"] == 0
     assert _read(project, "retraining_train_tasks").equals(_read(project, "train_tasks"))
     assert _read(project, "traffic_slice_tasks").empty
     assert _watermark(project) == first_mark
     rerun = json.loads((reporting / "retraining_report.json").read_text())
-    assert rerun["sources"] == {
-        "moved": [],
-        "unchanged": True,
-        "decision": "unchanged",
-        "reports_rendered": True,
-    }
+    assert rerun["sources"]["moved"] == [] and rerun["sources"]["unchanged"] is True
 
 
 def test_training_and_evaluation_read_the_joined_split_and_the_commit_waits_for_the_run():
