@@ -73,6 +73,25 @@ def test_local_policy_thread_cap():
         LocalPolicy(torch_threads=0)
 
 
+def test_a_served_local_conductor_takes_the_servers_threads_not_evaluations():
+    from conductor_pipeline.serving.batching import MicroBatchingPolicy
+    from conductor_pipeline.serving.server import in_process_policy
+    from conductor_pipeline.serving.settings import serving_settings
+    from conductor_pipeline.workflow import LocalPolicy
+
+    evaluation_params = {"kind": "local", "torch_threads": 1}
+    every_core = in_process_policy(evaluation_params, None, serving_settings({}))
+    assert isinstance(every_core, MicroBatchingPolicy)
+    assert isinstance(every_core.policy, LocalPolicy) and every_core.policy.torch_threads is None
+    two = in_process_policy(evaluation_params, None, serving_settings({"torch_threads": 2}))
+    assert two.policy.torch_threads == 2
+    scripted = in_process_policy({"kind": "scripted"}, None, serving_settings({}))
+    assert scripted.name.startswith("scripted")  # no model: not batched
+    for bad in (0, True, "2"):
+        with pytest.raises(ValueError, match="serving.torch_threads"):
+            serving_settings({"torch_threads": bad})
+
+
 def test_scripted_policy_writes_one_step_with_the_question():
     async def pool(worker, messages, sample_index=0):
         from conductor_pipeline.workers.types import Usage, WorkerReply

@@ -61,13 +61,17 @@ def serving_real_policy(requests: int = 10) -> dict[str, Any]:
     found = project_conductor()
     if isinstance(found, str):
         return {"skipped": found}
+    from conductor_pipeline.serving.settings import serving_settings
+
     config, params, served = found
-    policy_params = dict(params.get("policy") or {})
+    # the server's threads (serving.torch_threads), not evaluation's
+    threads = serving_settings(config.parameters.get("serving")).torch_threads
+    policy_params = {**(params.get("policy") or {}), "torch_threads": threads}
     orchestration = orchestration_config(params)
     figures: dict[str, Any] = {
         "model": served.id,
         "adapter": bool(served.adapter_dir),
-        "torch_threads": policy_params.get("torch_threads"),
+        "torch_threads": threads,
         "requests": requests,
         "temperature": orchestration.temperature,
         "max_tokens": orchestration.max_tokens,

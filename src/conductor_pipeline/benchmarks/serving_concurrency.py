@@ -44,7 +44,7 @@ def serving_concurrency(
     figures: dict[str, Any] = {
         "model": served.id,
         "adapter": bool(served.adapter_dir),
-        "torch_threads": policy_params.get("torch_threads"),
+        "torch_threads": settings.torch_threads,
         "batching": dataclasses.asdict(settings.batching),
         "max_concurrency": settings.max_concurrency,
         "temperature": orchestration.temperature,

@@ -18,6 +18,7 @@
       tracing: false              # an MLflow trace per request
       tracing_experiment: conductor-serving
       warm_up: true               # at start-up: cache the prompt opening, one short generation
+      torch_threads: null         # a local Conductor's CPU threads; null: every core
       limits: {max_steps: 10, max_tokens: null, max_cost_usd: null, max_rounds: 2}
       batching: {enabled: true, max_batch: 16, max_wait_ms: 200}   # see serving.batching
       capture: {enabled: false, ...}   # opt-in request capture, see serving.capture
@@ -69,6 +70,7 @@ class ServingSettings:
     tracing: bool = False
     tracing_experiment: str = "conductor-serving"
     warm_up: bool = True
+    torch_threads: int | None = None
     limits: RequestLimits = field(default_factory=RequestLimits)
     batching: BatchingSettings = field(default_factory=BatchingSettings)
     vllm: VllmSettings = field(default_factory=VllmSettings)
@@ -87,6 +89,11 @@ class ServingSettings:
                 raise ValueError(f"serving.{name}: must be positive, got {getattr(self, name)!r}")
         if not isinstance(self.warm_up, bool):
             raise ValueError(f"serving.warm_up: must be true or false, got {self.warm_up!r}")
+        threads = self.torch_threads
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ValueError(f"serving.torch_threads: must be >= 1 or null, got {threads!r}")
         if self.max_context_chars < 0 or self.retry_after_s < 0:
             raise ValueError("serving.max_context_chars and serving.retry_after_s must be >= 0")
         if not 0 <= int(self.port) <= 65535:
