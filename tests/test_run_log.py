@@ -42,6 +42,8 @@ KNOWN_NOISE = (
     "Ignoring clean_up_tokenization_spaces",
     "Type hint used in the model's predict function",
     "An input example was not provided",
+    "Replacing dataset",  # kedro-mlflow renaming a metrics dataset that had no prefix
+    "Alternative text is missing",  # nbconvert, for a report figure without alt text
 )
 
 # `kedro run --pipelines evaluation` with a scripted Conductor (SmolLM2 would take minutes)

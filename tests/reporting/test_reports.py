@@ -24,7 +24,13 @@ NOTEBOOKS = REPO / "notebooks"
 
 
 def _images(html: str) -> int:
-    return len(re.findall(r'<img[^>]+src="data:image/png;base64,', html))
+    """The embedded PNG figures; each must carry its own alternative text (nbconvert
+    otherwise fills in a placeholder and warns in the run log)."""
+    images = re.findall(r'<img[^>]+src="data:image/png;base64,[^>]*>', html)
+    for image in images:
+        alt = re.search(r'alt="([^"]*)"', image)
+        assert alt and alt.group(1) and "No description" not in alt.group(1), image[:200]
+    return len(images)
 
 
 def _params(tmp_path) -> dict:

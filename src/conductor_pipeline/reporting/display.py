@@ -8,6 +8,7 @@ section. Any other exception is a real error and fails the notebook (and the nod
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 import math
@@ -24,6 +25,29 @@ def figure_png(figure: Any) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", bbox_inches="tight", dpi=110)
     return buffer.getvalue()
+
+
+def figure_alt_text(figure: Any) -> str:
+    """What a figure shows, for readers who cannot see it: its titles and axis labels."""
+    parts = []
+    suptitle = getattr(figure, "_suptitle", None)
+    if suptitle is not None and suptitle.get_text():
+        parts.append(suptitle.get_text())
+    for axes in figure.axes:
+        labels = [axes.get_ylabel(), axes.get_xlabel()]
+        described = " by ".join(label for label in labels if label)
+        title = axes.get_title()
+        if title or described:
+            parts.append(f"{title}: {described}" if title and described else title or described)
+    return "; ".join(parts) or "A chart of this report"
+
+
+def figure_html(figure: Any) -> str:
+    """A figure as an ``<img>`` with alternative text (the HTML export warns about any image
+    without one, and a screen reader has nothing else to read)."""
+    data = base64.b64encode(figure_png(figure)).decode("ascii")
+    alt = html.escape(figure_alt_text(figure), quote=True)
+    return f'<img alt="{alt}" src="data:image/png;base64,{data}">'
 
 
 def new_figure(width: float = 8.0, height: float = 4.5):
@@ -81,7 +105,7 @@ def tidy_table(frame: Any) -> Any:
 def show(item: Any) -> None:
     """Display a figure (as an embedded PNG), a DataFrame (as a table), a string
     (as Markdown), or a list/tuple of those."""
-    from IPython.display import HTML, Image, Markdown, display
+    from IPython.display import HTML, Markdown, display
 
     if item is None:
         return
@@ -90,7 +114,7 @@ def show(item: Any) -> None:
             show(part)
         return
     if hasattr(item, "savefig"):
-        display(Image(data=figure_png(item), format="png"))
+        display(HTML(figure_html(item)))
         return
     if isinstance(item, str):
         display(Markdown(item))
