@@ -55,23 +55,22 @@ def serving_real_policy(requests: int = 10) -> dict[str, Any]:
     Measured twice, without and with the start-up warm-up (``serving.warm_up``): time to
     ready, the first request, then ``requests`` more (p50/p95), and where a warm request's
     time goes (Conductor generation, worker steps, the rest: HTTP and orchestration)."""
+    from conductor_pipeline.serving.server import served_policy
+    from conductor_pipeline.serving.settings import serving_settings
     from conductor_pipeline.workers.runtime import open_worker_pool
-    from conductor_pipeline.workflow.config import build_policy, orchestration_config
+    from conductor_pipeline.workflow.config import orchestration_config
 
     found = project_conductor()
     if isinstance(found, str):
         return {"skipped": found}
-    from conductor_pipeline.serving.settings import serving_settings
-
     config, params, served = found
-    # the server's threads (serving.torch_threads), not evaluation's
-    threads = serving_settings(config.parameters.get("serving")).torch_threads
-    policy_params = {**(params.get("policy") or {}), "torch_threads": threads}
+    policy_params = dict(params.get("policy") or {})
+    settings = serving_settings(config.parameters.get("serving"))
     orchestration = orchestration_config(params)
     figures: dict[str, Any] = {
         "model": served.id,
         "adapter": bool(served.adapter_dir),
-        "torch_threads": threads,
+        "torch_threads": settings.torch_threads,
         "requests": requests,
         "temperature": orchestration.temperature,
         "max_tokens": orchestration.max_tokens,
@@ -81,7 +80,8 @@ def serving_real_policy(requests: int = 10) -> dict[str, Any]:
             config.worker_pool, config.credentials, root=config.root, cache_mode="off"
         ) as pool:
             for label, warm_up in (("without_warm_up", False), ("with_warm_up", True)):
-                policy = build_policy(policy_params, adapter_dir=served.adapter_dir)
+                # unbatched: one user, and the figures read the policy's own counters
+                policy = served_policy(policy_params, served.adapter_dir, settings)
                 figures[label] = _serve_one_user(
                     policy, pool, orchestration, served, warm_up=warm_up, requests=requests
                 )

@@ -30,9 +30,8 @@ def figure_png(figure: Any) -> bytes:
 def figure_alt_text(figure: Any) -> str:
     """What a figure shows, for readers who cannot see it: its titles and axis labels."""
     parts = []
-    suptitle = getattr(figure, "_suptitle", None)
-    if suptitle is not None and suptitle.get_text():
-        parts.append(suptitle.get_text())
+    if figure.get_suptitle():
+        parts.append(figure.get_suptitle())
     for axes in figure.axes:
         labels = [axes.get_ylabel(), axes.get_xlabel()]
         described = " by ".join(label for label in labels if label)

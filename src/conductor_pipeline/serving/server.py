@@ -96,12 +96,10 @@ def mlflow_tracer(root: Path, experiment_name: str):
     return tracer
 
 
-def in_process_policy(
+def served_policy(
     policy_params: dict[str, Any], adapter_dir: Path | None, settings: ServingSettings
 ) -> Any:
-    """The Conductor of ``conductor.policy`` when no policy server is launched: a local
-    model behind the micro-batcher (``serving.batching``: concurrent requests share its
-    generation), an endpoint or the scripted rule as they are."""
+    """The Conductor of ``conductor.policy`` as a server runs it, before any batching."""
     from conductor_pipeline.workflow.config import build_policy
 
     # conductor.policy.torch_threads (1) keeps evaluation's Conductor off the cores the
@@ -109,7 +107,16 @@ def in_process_policy(
     # every core). On 2 cores, two threads answered a single request 1.8x and 16 concurrent
     # ones 2.3x faster than one thread.
     params = {**policy_params, "torch_threads": settings.torch_threads}
-    return batched_policy(build_policy(params, adapter_dir=adapter_dir), settings.batching)
+    return build_policy(params, adapter_dir=adapter_dir)
+
+
+def in_process_policy(
+    policy_params: dict[str, Any], adapter_dir: Path | None, settings: ServingSettings
+) -> Any:
+    """The Conductor of ``conductor.policy`` when no policy server is launched: a local
+    model behind the micro-batcher (``serving.batching``: concurrent requests share its
+    generation), an endpoint or the scripted rule as they are."""
+    return batched_policy(served_policy(policy_params, adapter_dir, settings), settings.batching)
 
 
 def serving_app(service: ConductorService) -> Any:
