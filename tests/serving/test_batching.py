@@ -533,3 +533,159 @@ def test_after_a_batch_of_several_the_window_waits_for_their_clients():
     out = asyncio.run(go())
     assert [c.text for c in out] == ["b0#10", "b1#11", "b2#12"]
     assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1, 2], [10, 11, 12]]
+
+
+# --- continuous batching: requests join a batch that is generating -------------------------
+
+
+class FakeContinuous(FakePolicy):
+    """A policy whose batch admits rows between passes: a row needs ``passes`` passes (a
+    prompt ``long`` waits for ``release`` instead); ``boom`` fails the batch mid-way.
+    Records how many rows were writing whenever rows joined."""
+
+    def __init__(self, passes: int = 3) -> None:
+        super().__init__()
+        self.passes = passes
+        self.joins: list[tuple[int, int]] = []  # (rows writing, rows joining)
+        self.release = threading.Event()
+        self.release.set()
+
+    async def complete_continuously(self, first, *, temperature, max_tokens, more, done):  # noqa: ANN001, ANN201
+        self.calls.append(("continuous", [s for _, _, s in first], temperature, max_tokens))
+        self.started.set()
+        await asyncio.to_thread(self._run, list(first), more, done)
+
+    def _run(self, joining, more, done) -> None:  # noqa: ANN001
+        import time
+
+        live: list[list] = []
+        while joining or live:
+            live += [[handle, messages, seed, 0] for handle, messages, seed in joining]
+            time.sleep(0.01)  # a pass
+            for row in list(live):
+                handle, messages, seed, passes = row
+                text = messages[-1]["content"]
+                if text == "boom":
+                    raise RuntimeError("the model ran out of memory")
+                row[3] = passes = passes + 1
+                if (text == "long" and self.release.is_set()) or (
+                    text != "long" and passes >= self.passes
+                ):
+                    live.remove(row)
+                    done(handle, self._reply(messages, seed))
+            joining = more(len(live))
+            if joining:
+                self.joins.append((len(live), len(joining)))
+
+
+def test_requests_arriving_during_a_continuous_batch_join_it_and_leave_when_done():
+    fake = FakeContinuous()
+    fake.release.clear()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+    async def go():
+        long = asyncio.create_task(_ask(policy, "long", 1))
+        first = asyncio.create_task(_ask(policy, "a", 2))
+        await fake.started.wait()
+        later = [asyncio.create_task(_ask(policy, f"b{i}", 10 + i)) for i in range(3)]
+        # the three joined the running batch and were answered while "long" still writes
+        done, _ = await asyncio.wait([first, *later], timeout=30)
+        assert len(done) == 4 and not long.done()
+        fake.release.set()
+        return await asyncio.gather(long, first, *later)
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == ["long#1", "a#2", "b0#10", "b1#11", "b2#12"]
+    assert fake.calls == [("continuous", [1, 2], 0.7, 16)]  # one batch for all five
+    assert policy.stats.sizes == {2: 1} and policy.stats.joined == 3 and policy.stats.rows == 5
+    assert all(writing >= 1 for writing, _ in fake.joins)  # they joined rows still writing
+
+
+def test_a_continuous_batch_never_holds_more_than_max_batch_rows():
+    fake = FakeContinuous(passes=2)
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=3, max_wait_ms=0))
+
+    async def go():
+        return await asyncio.gather(*(_ask(policy, f"q{i}", seed=i) for i in range(10)))
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == [f"q{i}#{i}" for i in range(10)]
+    assert all(writing + joining <= 3 for writing, joining in fake.joins)
+    assert policy.stats.rows == 10
+
+
+def test_a_failed_continuous_batch_fails_its_waiting_requests_and_keeps_the_answered_ones():
+    fake = FakeContinuous(passes=1)
+    fake.release.clear()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+    async def go():
+        long = asyncio.create_task(_ask(policy, "long", 1))
+        quick = asyncio.create_task(_ask(policy, "quick", 2))
+        answered = await quick
+        boom = asyncio.create_task(_ask(policy, "boom", 3))  # joins, then fails the batch
+        results = await asyncio.gather(long, boom, return_exceptions=True)
+        return answered, results
+
+    answered, (long, boom) = asyncio.run(go())
+    assert answered.text == "quick#2"
+    for error in (long, boom):
+        assert isinstance(error, BatchGenerationError)
+        assert "batch of 3" in str(error) and "out of memory" in str(error)
+    # the batcher keeps serving
+    fake.release.set()
+    assert asyncio.run(_ask(policy, "again", 4)).text == "again#4"
+
+
+def test_a_lone_request_takes_the_single_path_even_when_the_policy_batches_continuously():
+    fake = FakeContinuous()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=0))
+    policy.in_flight = lambda: 1
+    assert asyncio.run(_ask(policy, "alone", 5)).text == "alone#5"
+    assert fake.calls == [("one", [5], 0.7, 16)]
+    policy.in_flight = lambda: 3  # others are in their worker steps and will be back
+    assert asyncio.run(_ask(policy, "first", 6)).text == "first#6"
+    assert fake.calls[-1] == ("continuous", [6], 0.7, 16)
+
+
+def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts(smollm2):
+    """Two planning prompts start; after two passes two more prompts join (one of them not
+    starting with the cached opening); every reply is the one the policy writes alone."""
+    from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
+
+    def planning(question: str) -> list[dict[str, str]]:
+        return conductor_messages(question, ["a", "b", "c"], PromptConfig())
+
+    conversations = [
+        planning("Compute the sum of 1234 and 4321."),
+        planning("Are all cats mammals? Yes or No."),
+        planning("Write a Python function that reverses a string."),
+        [{"role": "user", "content": "Count from one to twelve in words, separated by commas."}],
+    ]
+    seeds = [3, 5, 7, 11]
+    smollm2.warm_up([planning("What is 2 + 2?"), planning("Is ice cold?")])
+    alone = [
+        asyncio.run(smollm2.complete(c, temperature=0.7, max_tokens=40, seed=s))
+        for c, s in zip(conversations, seeds, strict=True)
+    ]
+    asked: list[int] = []
+    answers: dict[int, PolicyCompletion] = {}
+
+    def more(writing: int) -> list:
+        asked.append(writing)
+        if len(asked) == 2:  # after two passes, while both first rows still write
+            assert writing == 2
+            return [(i, conversations[i], seeds[i]) for i in (2, 3)]
+        return []
+
+    def done(handle: int, completion: PolicyCompletion) -> None:
+        answers[handle] = completion
+
+    first = [(i, conversations[i], seeds[i]) for i in (0, 1)]
+    asyncio.run(
+        smollm2.complete_continuously(first, temperature=0.7, max_tokens=40, more=more, done=done)
+    )
+    assert sorted(answers) == [0, 1, 2, 3]
+    assert [answers[i].text for i in range(4)] == [c.text for c in alone]
+    assert [answers[i].completion_tokens for i in range(4)] == [c.completion_tokens for c in alone]
+    assert [answers[i].prompt_tokens for i in range(4)] == [c.prompt_tokens for c in alone]

@@ -24,8 +24,9 @@ def serving_concurrency(
     measured but reported (``first_round_s``: a burst after idle, whose first request
     finds nothing to batch with and runs alone), then ``single_requests`` in all for one
     client, ``c * requests_per_client`` otherwise. Reported per count: throughput, p50/p95
-    latency, status counts and the sizes of the batched generate calls of the measured
-    part; then the throughput ratio of the largest count to one client (target: 4)."""
+    latency, status counts, the sizes of the batches the measured part started and how
+    many samples joined a batch already generating; then the throughput ratio of the
+    largest count to one client (target: 4)."""
     import dataclasses
 
     from conductor_pipeline.serving.server import in_process_policy
@@ -101,6 +102,7 @@ def _measure(
             first_round = asyncio.run(_load(server.base_url, count, count))
             stats = getattr(policy, "stats", None)
             before = dict(stats.sizes) if stats is not None else {}
+            joined = stats.joined if stats is not None else 0
             out[f"clients_{count}"] = asyncio.run(_load(server.base_url, count, total))
             out[f"clients_{count}"]["first_round_s"] = first_round["wall_s"]
             if stats is not None:
@@ -108,6 +110,8 @@ def _measure(
                 out[f"clients_{count}"]["batch_sizes"] = {
                     str(n): c for n, c in sorted(sizes.items()) if c
                 }
+                # samples that joined a batch already generating (continuous batching)
+                out[f"clients_{count}"]["joined_rows"] = stats.joined - joined
     return out
 
 

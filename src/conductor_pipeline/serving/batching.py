@@ -19,26 +19,35 @@ figures on a small CPU):
 - a batch holds at most ``max_batch`` samples, all with the same temperature and token
   limit (the oldest waiting sample's; the others wait for a later batch). In serving every
   request uses the server's ``conductor.sampling``, so this is one group in practice;
+- continuous batching, with a policy that has ``complete_continuously`` (the local one):
+  samples with the batch's settings that arrive while it generates join it between two
+  decoding passes, up to ``max_batch`` rows writing at once, and each request gets its
+  completion as soon as its own row is done. A request no longer waits for the slowest
+  row of the batch before it (one Conductor sample that rambles on to the token limit),
+  nor for a whole batch to finish before its own starts. A request that is alone in the
+  server (nobody else in flight) takes the single-request path;
 - one batch generates at a time (the model and the CPU are shared); the generation itself
-  runs in a worker thread (``complete_many`` does it), so the event loop keeps answering
-  other requests, probes and streams meanwhile;
+  runs in a worker thread, so the event loop keeps answering other requests, probes and
+  streams meanwhile;
 - a request that is cancelled (client gone, timeout) leaves the queue, or, if its batch is
   already generating, its row's result is dropped; the other requests are not affected;
-- an exception from a batch fails exactly the requests in that batch, with
-  :class:`BatchGenerationError` naming the batch and the cause; the next batch runs.
+- an exception from a batch fails exactly the requests in that batch that are still
+  waiting, with :class:`BatchGenerationError` naming the batch and the cause; the next
+  batch runs.
 
 What a request gets does not depend on its batch: every row samples from its own
 generator seeded with the request's seed (``sample_seed`` of the orchestrator: the
 configured seed, the question, the round and the attempt), exactly as evaluation's batched
 generation does, so a request's text is the one it gets alone, up to the float rounding of
-a padded batch (the tests find no difference on the real SmolLM2 model). A batch of one
-goes through the policy's single-request path (``complete``), unchanged.
+a padded batch (the tests find no difference on the real SmolLM2 model, rows that join a
+running batch included).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -105,6 +114,7 @@ class BatchStats:
     """What the batcher has done (tests, benchmarks): ``sizes[n]`` batches of ``n`` rows."""
 
     sizes: Counter = field(default_factory=Counter)
+    joined: int = 0  # samples that joined a batch already generating
 
     @property
     def batches(self) -> int:
@@ -112,7 +122,7 @@ class BatchStats:
 
     @property
     def rows(self) -> int:
-        return sum(n * count for n, count in self.sizes.items())
+        return sum(n * count for n, count in self.sizes.items()) + self.joined
 
 
 class MicroBatchingPolicy:
@@ -139,6 +149,8 @@ class MicroBatchingPolicy:
         self.max_wait_s = settings.max_wait_ms / 1000
         self.stats = BatchStats()
         self._queue: list[_Waiting] = []
+        # the queue is also read by a continuous batch's generation thread (``more``)
+        self._queue_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._drainer: asyncio.Task | None = None
@@ -163,7 +175,8 @@ class MicroBatchingPolicy:
     @property
     def waiting(self) -> int:
         """Samples queued for a batch that has not started."""
-        return sum(not w.future.done() for w in self._queue)
+        with self._queue_lock:
+            return sum(not w.future.done() for w in self._queue)
 
     async def complete(
         self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
@@ -174,7 +187,8 @@ class MicroBatchingPolicy:
             self._loop, self._queue, self._wake, self._drainer = loop, [], asyncio.Event(), None
         future = loop.create_future()
         key = (float(temperature), int(max_tokens))
-        self._queue.append(_Waiting(key, messages, int(seed), future, loop.time()))
+        with self._queue_lock:
+            self._queue.append(_Waiting(key, messages, int(seed), future, loop.time()))
         self._wake.set()
         if self._drainer is None or self._drainer.done():
             self._drainer = loop.create_task(self._drain(), name="conductor-batcher")
@@ -192,7 +206,9 @@ class MicroBatchingPolicy:
                 self._last_end, batch = asyncio.get_running_loop().time(), []
         finally:
             # only on loop shutdown or a bug: nobody must wait for a batch that will not run
-            for waiting in [*batch, *self._queue]:
+            with self._queue_lock:
+                left, self._queue = self._queue, []
+            for waiting in [*batch, *left]:
                 if not waiting.future.done():
                     waiting.future.cancel()
 
@@ -201,17 +217,20 @@ class MicroBatchingPolicy:
         same settings, once the group is full or the oldest has waited ``max_wait_s``."""
         loop = asyncio.get_running_loop()
         while True:
-            self._queue = [w for w in self._queue if not w.future.done()]
-            if not self._queue:
-                return []
-            first = self._queue[0]
-            group = [w for w in self._queue if w.key == first.key][: self.max_batch]
-            opened = first.arrived if self._last_rows <= 1 else max(first.arrived, self._last_end)
-            remaining = opened + self.max_wait_s - loop.time()
-            if len(group) >= self.max_batch or remaining <= 0 or self._alone():
-                taken = set(map(id, group))
-                self._queue = [w for w in self._queue if id(w) not in taken]
-                return group
+            with self._queue_lock:
+                self._queue = [w for w in self._queue if not w.future.done()]
+                if not self._queue:
+                    return []
+                first = self._queue[0]
+                group = [w for w in self._queue if w.key == first.key][: self.max_batch]
+                opened = (
+                    first.arrived if self._last_rows <= 1 else max(first.arrived, self._last_end)
+                )
+                remaining = opened + self.max_wait_s - loop.time()
+                if len(group) >= self.max_batch or remaining <= 0 or self._alone():
+                    taken = set(map(id, group))
+                    self._queue = [w for w in self._queue if id(w) not in taken]
+                    return group
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), remaining)
@@ -224,9 +243,16 @@ class MicroBatchingPolicy:
         return len(self._queue) >= self.in_flight()
 
     async def _generate(self, batch: list[_Waiting]) -> None:
-        temperature, max_tokens = batch[0].key
         self.stats.sizes[len(batch)] += 1
         self._last_rows = len(batch)
+        # a policy that lets rows join keeps generating while requests come and go; a lone
+        # request (nobody else in flight) takes the single-request path
+        in_flight = self.in_flight() if self.in_flight is not None else len(batch)
+        continuous = callable(getattr(self.policy, "complete_continuously", None))
+        if continuous and max(len(batch), in_flight) > 1:
+            await self._generate_continuously(batch)
+            return
+        temperature, max_tokens = batch[0].key
         try:
             if len(batch) == 1:
                 only = batch[0]
@@ -248,18 +274,63 @@ class MicroBatchingPolicy:
             if len(outputs) != len(batch):
                 raise RuntimeError(f"{len(outputs)} completions for {len(batch)} prompts")
         except Exception as exc:
-            error = BatchGenerationError(
-                f"Conductor generation failed for a batch of {len(batch)} request(s): "
-                f"{type(exc).__name__}: {exc}"
-            )
-            error.__cause__ = exc
-            for waiting in batch:
-                if not waiting.future.done():
-                    waiting.future.set_exception(error)
+            _fail(batch, len(batch), exc)
             return
         for waiting, output in zip(batch, outputs, strict=True):
             if not waiting.future.done():  # a cancelled request's row is dropped
                 waiting.future.set_result(output)
+
+    async def _generate_continuously(self, batch: list[_Waiting]) -> None:
+        """``batch`` as a continuous batch: samples with its settings that queue up while it
+        generates join it between passes (up to ``max_batch`` rows at a time), and each
+        request gets its completion as soon as its row is done."""
+        loop = asyncio.get_running_loop()
+        key = batch[0].key
+        members = list(batch)  # every request the batch has taken, for errors
+
+        def more(writing: int) -> list[tuple[_Waiting, list[dict[str, str]], int]]:
+            # called by the generation thread before each pass
+            free = self.max_batch - writing
+            if free <= 0:
+                return []
+            with self._queue_lock:
+                group = [w for w in self._queue if w.key == key and not w.future.done()][:free]
+                taken = set(map(id, group))
+                self._queue = [w for w in self._queue if id(w) not in taken]
+            members.extend(group)
+            self.stats.joined += len(group)
+            return [(w, w.messages, w.seed) for w in group]
+
+        def done(waiting: _Waiting, output: PolicyCompletion) -> None:
+            loop.call_soon_threadsafe(_settle, waiting.future, output)
+
+        temperature, max_tokens = key
+        try:
+            await self.policy.complete_continuously(
+                [(w, w.messages, w.seed) for w in batch],
+                temperature=temperature,
+                max_tokens=max_tokens,
+                more=more,
+                done=done,
+            )
+        except Exception as exc:
+            _fail(members, len(members), exc)
+
+
+def _settle(future: asyncio.Future, output: PolicyCompletion) -> None:
+    if not future.done():  # a cancelled request's row is dropped
+        future.set_result(output)
+
+
+def _fail(batch: list[_Waiting], rows: int, exc: Exception) -> None:
+    """Fail the requests of ``batch`` still waiting with a :class:`BatchGenerationError`."""
+    error = BatchGenerationError(
+        f"Conductor generation failed for a batch of {rows} request(s): {type(exc).__name__}: {exc}"
+    )
+    error.__cause__ = exc
+    for waiting in batch:
+        if not waiting.future.done():
+            waiting.future.set_exception(error)
 
 
 def batched_policy(policy: Any, settings: BatchingSettings) -> Any:

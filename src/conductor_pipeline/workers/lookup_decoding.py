@@ -1,5 +1,6 @@
 """Lookup decoding: the tokens plain decoding draws, in fewer passes (one conversation:
-:func:`lookup_generate`; a padded batch, each row with its own guess: :func:`lookup_decode_batch`).
+:func:`lookup_generate`; a padded batch, each row with its own guess, whose rows can come
+and go: :class:`BatchLookupDecoder`).
 
 On a CPU, a forward pass of a small model over a handful of new tokens costs little more than
 a pass over one: the weights are read from memory once either way, and that read is most of
@@ -153,6 +154,230 @@ def _draw(temperature: float, generator: Any, scores: Any) -> int:
     return int(torch.multinomial(probs, 1, generator=generator)[0])
 
 
+@dataclass(eq=False)
+class _Row:
+    key: Any  # the caller's name for the row
+    prompt: list[int]
+    temperature: float
+    generator: Any
+    limit: int  # most tokens to write
+    index: NgramIndex  # where its guesses come from
+    tokens: list[int]
+
+
+class BatchLookupDecoder:
+    """Lookup decoding of a padded batch whose rows leave when they are done and which new
+    rows can join between passes (:meth:`join`, :meth:`step`, :meth:`pop_finished`).
+
+    Each pass feeds every live row its newest token and its own guess, padded to the
+    batch's longest guess; the mask hides the pads. Each row then draws its positions in
+    order with its own generator (a
+    :class:`~conductor_pipeline.workers.local_model.RowSampler`'s, one draw per position, as
+    plain decoding) and keeps its guess while it matches. Rejected guesses and pads stay in
+    the cache, hidden by the mask from then on, so a ragged batch needs no crop; positions
+    follow the mask, so a row's kept tokens stay contiguous. A finished row leaves the
+    batch, its keys and values with it. ``max_guess=0`` is plain decoding, one token a pass.
+
+    Rows that join are prefilled on their own pass, then stacked under the live ones: on
+    both sides each row's visible columns move to the right end, in order, the columns no
+    row sees are dropped, and the narrower side is padded on the left with hidden columns.
+    Attention does not depend on where a visible column sits (positions are explicit), so a
+    row writes the text it writes in any batch, up to float rounding. This is what lets a
+    server keep one batch running while requests come and go (continuous batching) instead
+    of making a new request wait for the slowest row of the batch before it.
+    """
+
+    def __init__(
+        self, model: Any, eos_token_id: int, pad_token_id: int, max_guess: int = 8
+    ) -> None:
+        self.model = model
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.max_guess = max_guess
+        self.passes = 0  # decoding passes, prompt passes not counted
+        self.guessed = 0  # guessed tokens kept, all rows together
+        self._rows: list[_Row] = []
+        self._done: list[_Row] = []
+        self._cache: Any = None
+        self._mask: Any = None  # (rows, columns): which cache columns each row sees
+        self._next_position: Any = None  # (rows,): the position of each row's next token
+
+    @property
+    def rows(self) -> int:
+        """Rows still writing."""
+        return len(self._rows)
+
+    def join(
+        self,
+        input_ids: Any,
+        attention_mask: Any,
+        cache: Any,
+        shared: int,
+        sampler: Any,
+        max_new_tokens: int,
+        keys: Sequence[Any],
+        history: Sequence[Sequence[int]] = (),
+    ) -> None:
+        """Add the rows of a padded batch whose first ``shared`` columns are in ``cache``
+        (``None``: no cache): one pass over their prompts, which draws each row's first
+        token. ``keys`` name the rows in :meth:`pop_finished`; ``sampler`` is their
+        :class:`~conductor_pipeline.workers.local_model.RowSampler`; ``history``: earlier
+        replies to guess from."""
+
+        count = input_ids.shape[0]
+        if len(keys) != count:
+            raise ValueError(f"BatchLookupDecoder.join: {len(keys)} keys for {count} rows")
+        prompts = [input_ids[i][attention_mask[i].bool()].tolist() for i in range(count)]
+        # one index for the rows joining together: the shared opening once, then each row's
+        # own tokens
+        sources = [*history, prompts[0], *(p[shared:] for p in prompts[1:])]
+        index = NgramIndex(sources if self.max_guess > 0 else [])
+        rows = [
+            _Row(key, prompt, temperature, generator, max_new_tokens, index, [])
+            for key, prompt, temperature, generator in zip(
+                keys, prompts, sampler.temperatures, sampler.generators, strict=True
+            )
+        ]
+        if max_new_tokens < 1:
+            self._done.extend(rows)
+            return
+        # positions follow the mask (pads take none), as generate computes them
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids[:, shared:],
+            attention_mask=attention_mask,
+            position_ids=positions[:, shared:],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        for j, row in enumerate(rows):
+            row.tokens.append(_draw(row.temperature, row.generator, out.logits[j, -1]))
+        self._stack(out.past_key_values, attention_mask, positions[:, -1] + 1, rows)
+        self._retire()
+
+    def step(self) -> None:
+        """One pass for every live row: its newest token and its guess."""
+        import torch
+
+        if not self._rows:
+            raise RuntimeError("BatchLookupDecoder.step: no row is writing")
+        guesses = [
+            row.index.guess(
+                row.prompt + row.tokens,
+                min(self.max_guess, row.limit - len(row.tokens)),
+                reply_start=len(row.prompt),
+            )
+            for row in self._rows
+        ]
+        width = 1 + max(len(g) for g in guesses)
+        fed = [
+            [row.tokens[-1], *g] + [self.pad_token_id] * (width - 1 - len(g))
+            for row, g in zip(self._rows, guesses, strict=True)
+        ]
+        new_columns = [[1] * (1 + len(g)) + [0] * (width - 1 - len(g)) for g in guesses]
+        base = self._mask.shape[1]
+        mask = torch.cat([self._mask, torch.tensor(new_columns, dtype=self._mask.dtype)], dim=1)
+        out = self.model(
+            input_ids=torch.tensor(fed),
+            attention_mask=mask,
+            position_ids=self._next_position[:, None] + torch.arange(width),
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self.passes += 1
+        for j, (row, guess) in enumerate(zip(self._rows, guesses, strict=True)):
+            kept = 0
+            for i in range(len(guess) + 1):
+                token = _draw(row.temperature, row.generator, out.logits[j, i])
+                row.tokens.append(token)
+                if self._finished(row):
+                    break
+                if i == len(guess) or token != guess[i]:
+                    break
+                kept += 1
+            self.guessed += kept
+            # the newest token and the right guesses keep their columns; the rest (wrong
+            # guesses, pads) are hidden for good; the last token drawn comes next pass
+            mask[j, base + 1 + kept :] = 0
+            self._next_position[j] += 1 + kept
+        self._mask = mask
+        self._retire()
+
+    def pop_finished(self) -> list[tuple[Any, list[int]]]:
+        """``(key, tokens)`` of the rows done since the last call (the end token included
+        when a row wrote one)."""
+        done, self._done = self._done, []
+        return [(row.key, row.tokens) for row in done]
+
+    def _finished(self, row: _Row) -> bool:
+        return row.tokens[-1] == self.eos_token_id or len(row.tokens) >= row.limit
+
+    def _retire(self) -> None:
+        """Finished rows leave the batch, their keys and values with them."""
+        import torch
+
+        keep = [j for j, row in enumerate(self._rows) if not self._finished(row)]
+        if len(keep) == len(self._rows):
+            return
+        self._done.extend(row for row in self._rows if self._finished(row))
+        if not keep:
+            self._rows, self._cache, self._mask, self._next_position = [], None, None, None
+            return
+        picked = torch.tensor(keep)
+        self._cache.batch_select_indices(picked)
+        self._mask, self._next_position = self._mask[picked], self._next_position[picked]
+        self._rows = [self._rows[j] for j in keep]
+
+    def _stack(self, cache: Any, mask: Any, next_position: Any, rows: list[_Row]) -> None:
+        """Put freshly prefilled rows under the live ones (or in their place when none)."""
+        import torch
+
+        if not self._rows:
+            self._cache, self._mask, self._next_position, self._rows = (
+                cache,
+                mask,
+                next_position,
+                rows,
+            )
+            return
+        live_mask, new_mask = _right_aligned(self._cache, self._mask), _right_aligned(cache, mask)
+        width = max(live_mask.shape[1], new_mask.shape[1])
+        for live, new in zip(self._cache.layers, cache.layers, strict=True):
+            live.keys = torch.cat([_left_padded(live.keys, width), _left_padded(new.keys, width)])
+            live.values = torch.cat(
+                [_left_padded(live.values, width), _left_padded(new.values, width)]
+            )
+        self._mask = torch.cat([_left_padded(live_mask, width), _left_padded(new_mask, width)])
+        self._next_position = torch.cat([self._next_position, next_position])
+        self._rows = [*self._rows, *rows]
+
+
+def _right_aligned(cache: Any, mask: Any) -> Any:
+    """Move each row's visible cache columns to the right end, in order, and drop the
+    columns no row sees; returns the matching mask."""
+    import torch
+
+    # a stable sort of the 0/1 mask: hidden columns first, visible ones after, in order
+    order = torch.sort(mask, dim=1, stable=True).indices
+    order = order[:, order.shape[1] - int(mask.sum(dim=1).max()) :]
+    for layer in cache.layers:
+        heads, dims = layer.keys.shape[1], layer.keys.shape[3]
+        where = order[:, None, :, None].expand(-1, heads, -1, dims)
+        layer.keys, layer.values = layer.keys.gather(2, where), layer.values.gather(2, where)
+    return mask.gather(1, order)
+
+
+def _left_padded(tensor: Any, width: int) -> Any:
+    """``tensor`` with zero columns added on the left of its column dimension (-1 for a mask,
+    -2 for keys and values) up to ``width`` columns."""
+    import torch.nn.functional as F
+
+    if tensor.dim() == 2:
+        return F.pad(tensor, (width - tensor.shape[1], 0))
+    return F.pad(tensor, (0, 0, width - tensor.shape[2], 0))
+
+
 def lookup_decode_batch(
     model: Any,
     input_ids: Any,
@@ -167,95 +392,16 @@ def lookup_decode_batch(
     max_guess: int = 8,
 ) -> BatchLookupResult:
     """Lookup decoding for a padded batch whose first ``shared`` columns are in ``cache``
-    (``None``: no cache); up to ``max_new_tokens`` ids per row.
-
-    Each pass feeds every unfinished row its newest token and its own guess, padded to the
-    batch's longest guess; the mask hides the pads. Each row then draws its positions in
-    order with its own generator (``sampler``: a
-    :class:`~conductor_pipeline.workers.local_model.RowSampler`, one draw per position, as
-    plain decoding) and keeps its guess while it matches. Rejected guesses and pads stay in
-    the cache, hidden by the mask from then on, so a ragged batch needs no crop; positions
-    follow the mask, so a row's kept tokens stay contiguous. A finished row leaves the batch,
-    its keys and values with it. ``max_guess=0`` is plain decoding, one token a pass.
-    """
-    import torch
-
+    (``None``: no cache), up to ``max_new_tokens`` ids per row: a
+    :class:`BatchLookupDecoder` that no row joins after the first."""
     rows = input_ids.shape[0]
-    tokens: list[list[int]] = [[] for _ in range(rows)]
-    if max_new_tokens < 1:
-        return BatchLookupResult(tokens, 0, 0)
-    prompts = [input_ids[i][attention_mask[i].bool()].tolist() for i in range(rows)]
-    # one index for the batch: the shared opening once, then each row's own tokens
-    sources = [*history, prompts[0], *(p[shared:] for p in prompts[1:])]
-    index = NgramIndex(sources if max_guess > 0 else [])
-    # positions follow the mask (pads take none), as generate computes them
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=input_ids[:, shared:],
-        attention_mask=attention_mask,
-        position_ids=positions[:, shared:],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
+    decoder = BatchLookupDecoder(model, eos_token_id, pad_token_id, max_guess)
+    decoder.join(
+        input_ids, attention_mask, cache, shared, sampler, max_new_tokens, range(rows), history
     )
-    cache, mask, live = out.past_key_values, attention_mask, list(range(rows))
-    temperatures, generators = list(sampler.temperatures), list(sampler.generators)
-    next_position = positions[:, -1] + 1
-    for j in live:
-        tokens[j].append(_draw(temperatures[j], generators[j], out.logits[j, -1]))
-    passes = kept_guesses = 0
-    while True:
-        keep = [
-            j
-            for j, row in enumerate(live)
-            if tokens[row][-1] != eos_token_id and len(tokens[row]) < max_new_tokens
-        ]
-        if not keep:
-            break
-        if len(keep) < len(live):  # finished rows leave the batch
-            picked = torch.tensor(keep)
-            cache.batch_select_indices(picked)
-            mask, next_position = mask[picked], next_position[picked]
-            live = [live[j] for j in keep]
-            temperatures = [temperatures[j] for j in keep]
-            generators = [generators[j] for j in keep]
-        guesses = [
-            index.guess(
-                prompts[row] + tokens[row],
-                min(max_guess, max_new_tokens - len(tokens[row])),
-                reply_start=len(prompts[row]),
-            )
-            for row in live
-        ]
-        width = 1 + max(len(g) for g in guesses)
-        fed = [
-            [tokens[row][-1], *g] + [pad_token_id] * (width - 1 - len(g))
-            for row, g in zip(live, guesses, strict=True)
-        ]
-        new_columns = [[1] * (1 + len(g)) + [0] * (width - 1 - len(g)) for g in guesses]
-        base = mask.shape[1]
-        mask = torch.cat([mask, torch.tensor(new_columns, dtype=mask.dtype)], dim=1)
-        out = model(
-            input_ids=torch.tensor(fed),
-            attention_mask=mask,
-            position_ids=next_position[:, None] + torch.arange(width),
-            past_key_values=cache,
-            use_cache=True,
-        )
-        passes += 1
-        for j, (row, guess) in enumerate(zip(live, guesses, strict=True)):
-            kept = 0
-            for i in range(len(guess) + 1):
-                token = _draw(temperatures[j], generators[j], out.logits[j, i])
-                tokens[row].append(token)
-                if token == eos_token_id or len(tokens[row]) >= max_new_tokens:
-                    break
-                if i == len(guess) or token != guess[i]:
-                    break
-                kept += 1
-            kept_guesses += kept
-            # the newest token and the right guesses keep their columns; the rest (wrong
-            # guesses, pads) are hidden for good; the last token drawn comes next pass
-            mask[j, base + 1 + kept :] = 0
-            next_position[j] += 1 + kept
-    return BatchLookupResult(tokens, passes, kept_guesses)
+    while decoder.rows:
+        decoder.step()
+    tokens: list[list[int]] = [[] for _ in range(rows)]
+    for row, written in decoder.pop_finished():
+        tokens[row] = written
+    return BatchLookupResult(tokens, decoder.passes, decoder.guessed)

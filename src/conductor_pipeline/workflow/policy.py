@@ -16,6 +16,7 @@ import collections
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,6 +93,7 @@ class LocalPolicy:
         # recent replies (token ids) that lookup decoding guesses from; they change how
         # fast a reply is written, never what it says
         self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
+        self._rows_joined = 0  # rows of continuous batches so far (their keys)
 
     def load(self) -> None:
         with self._load_lock:
@@ -156,9 +158,7 @@ class LocalPolicy:
             )
             self._recent_replies.appendleft(result.tokens)
             self.forward_passes += result.forward_passes + 1  # + the prompt's pass
-        text = self._tokenizer.decode(result.tokens, skip_special_tokens=True)
-        text = text.rstrip() if prefilled else text.strip()
-        return PolicyCompletion(text, len(ids), len(result.tokens), time.perf_counter() - start)
+        return self._completion(result.tokens, len(ids), prefilled, time.perf_counter() - start)
 
     def warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int = 4) -> int:
         """Prepare for serving: load the model, keep the key/value cache of the opening that
@@ -230,19 +230,7 @@ class LocalPolicy:
         tokenizer = self._tokenizer
         encoded = [encode_chat(tokenizer, messages) for messages in conversations]
         rows = [ids for ids, _ in encoded]
-        prefilled = [is_prefill for _, is_prefill in encoded]
-        pad = tokenizer.pad_token_id
-        # Conductor prompts share a long opening (rules, workers, examples): its keys and
-        # values are computed once and reused; each row then holds [shared | pads | own tokens]
-        # and the mask skips the pads (positions follow the mask, so they stay contiguous)
-        shared = self._shared_prefix(rows)
-        width = max(len(r) for r in rows) - shared
-        input_ids = torch.tensor(
-            [r[:shared] + [pad] * (width - len(r) + shared) + r[shared:] for r in rows]
-        )
-        attention_mask = torch.tensor(
-            [[1] * shared + [0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows]
-        )
+        input_ids, attention_mask, shared = self._padded(rows)
         sampler = RowSampler([temperature] * len(rows), seeds)
 
         start = time.perf_counter()
@@ -253,13 +241,130 @@ class LocalPolicy:
             )
             self._recent_replies.extendleft(generated)
         latency = time.perf_counter() - start
-        completions = []
-        for i, row in enumerate(rows):
-            new = generated[i]  # with its end token, as one-at-a-time generation counts it
-            text = tokenizer.decode(new, skip_special_tokens=True)
-            text = text.rstrip() if prefilled[i] else text.strip()
-            completions.append(PolicyCompletion(text, len(row), len(new), latency))
-        return completions
+        return [
+            self._completion(new, len(row), prefilled, latency)  # new: with its end token
+            for new, row, (_, prefilled) in zip(generated, rows, encoded, strict=True)
+        ]
+
+    async def complete_continuously(
+        self,
+        first: list[tuple[Any, list[dict[str, str]], int]],
+        *,
+        temperature: float,
+        max_tokens: int,
+        more: Callable[[int], list[tuple[Any, list[dict[str, str]], int]]],
+        done: Callable[[Any, PolicyCompletion], None],
+    ) -> None:
+        """One batch that conversations join and leave between decoding passes (continuous
+        batching, for the API's micro-batcher).
+
+        ``first`` and what ``more(rows_writing)`` returns are ``(handle, messages, seed)``;
+        ``more`` is asked before every pass. Each completion goes to ``done(handle, ...)`` as
+        soon as its row has finished, not when the batch does; its ``latency_s`` runs from
+        its row's joining. The call returns once no row is writing and ``more`` has nothing.
+        Every row samples with its own seeded generator, so a conversation gets the text it
+        gets from :meth:`complete` (up to float rounding). Both callbacks run in the
+        generation thread.
+        """
+        await asyncio.to_thread(
+            self._generate_continuously, first, temperature, max_tokens, more, done
+        )
+
+    def _generate_continuously(
+        self,
+        first: list[tuple[Any, list[dict[str, str]], int]],
+        temperature: float,
+        max_tokens: int,
+        more: Callable[[int], list[tuple[Any, list[dict[str, str]], int]]],
+        done: Callable[[Any, PolicyCompletion], None],
+    ) -> None:
+        import torch
+
+        from conductor_pipeline.workers.lookup_decoding import BatchLookupDecoder
+
+        self.load()
+        self._set_threads()
+        tokenizer = self._tokenizer
+        decoder = BatchLookupDecoder(
+            self._model, tokenizer.eos_token_id, tokenizer.pad_token_id, self.lookup_tokens
+        )
+        # decoder key -> (handle, prompt tokens, prefilled, joined at)
+        writing: dict[int, tuple[Any, int, bool, float]] = {}
+        joining = list(first)
+        with self._generate_lock, torch.inference_mode():
+            while joining or decoder.rows:
+                if joining:
+                    self._join(decoder, joining, temperature, int(max_tokens), writing)
+                if decoder.rows:
+                    decoder.step()
+                for key, tokens in decoder.pop_finished():
+                    self._recent_replies.appendleft(tokens)
+                    handle, prompt_tokens, prefilled, joined = writing.pop(key)
+                    latency = time.perf_counter() - joined
+                    done(handle, self._completion(tokens, prompt_tokens, prefilled, latency))
+                joining = list(more(decoder.rows))
+        self.batch_forward_passes += decoder.passes
+
+    def _join(
+        self,
+        decoder: Any,
+        joining: list[tuple[Any, list[dict[str, str]], int]],
+        temperature: float,
+        max_tokens: int,
+        writing: dict[int, tuple[Any, int, bool, float]],
+    ) -> None:
+        """Prefill ``joining`` into ``decoder`` in one pass (their shared opening comes from
+        the kept cache) and note them in ``writing`` under fresh keys."""
+        from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+
+        joined = time.perf_counter()
+        encoded = [encode_chat(self._tokenizer, messages) for _, messages, _ in joining]
+        rows = [ids for ids, _ in encoded]
+        input_ids, attention_mask, shared = self._padded(rows)
+        cache = self._prefix_cache(rows[0][:shared], len(rows)) if shared else None
+        keys = [self._rows_joined + i for i in range(len(rows))]
+        self._rows_joined += len(rows)
+        for key, (handle, _, _), (ids, prefilled) in zip(keys, joining, encoded, strict=True):
+            writing[key] = (handle, len(ids), prefilled, joined)
+        sampler = RowSampler([temperature] * len(rows), [seed for _, _, seed in joining])
+        decoder.join(
+            input_ids,
+            attention_mask,
+            cache,
+            shared,
+            sampler,
+            max_tokens,
+            keys,
+            history=list(self._recent_replies),
+        )
+        self.batch_forward_passes += 1
+
+    def _padded(self, rows: list[list[int]]) -> tuple[Any, Any, int]:
+        """``rows`` as one padded batch ``(input_ids, attention_mask, shared)``.
+
+        Conductor prompts share a long opening (rules, workers, examples): its keys and
+        values come from a cache (:meth:`_prefix_cache`), and each row holds [shared | pads |
+        own tokens] with the mask skipping the pads (positions follow the mask, so they stay
+        contiguous)."""
+        import torch
+
+        pad = self._tokenizer.pad_token_id
+        shared = self._shared_prefix(rows)
+        width = max(len(r) for r in rows) - shared
+        input_ids = torch.tensor(
+            [r[:shared] + [pad] * (width - len(r) + shared) + r[shared:] for r in rows]
+        )
+        attention_mask = torch.tensor(
+            [[1] * shared + [0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows]
+        )
+        return input_ids, attention_mask, shared
+
+    def _completion(
+        self, tokens: list[int], prompt_tokens: int, prefilled: bool, latency: float
+    ) -> PolicyCompletion:
+        text = self._tokenizer.decode(tokens, skip_special_tokens=True)
+        text = text.rstrip() if prefilled else text.strip()
+        return PolicyCompletion(text, prompt_tokens, len(tokens), latency)
 
     def _decode(
         self,
