@@ -648,10 +648,20 @@ def test_a_lone_request_takes_the_single_path_even_when_the_policy_batches_conti
     assert fake.calls[-1] == ("continuous", [6], 0.7, 16)
 
 
-def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts(smollm2):
-    """Two planning prompts start; after two passes two more prompts join (one of them not
-    starting with the cached opening); every reply is the one the policy writes alone."""
+# compact: the writing rows' cache is compacted at every join (else only once it has piled
+# up hidden columns)
+@pytest.mark.parametrize("compact", [False, True])
+def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts(
+    smollm2, monkeypatch, compact
+):
+    """Two planning prompts start; after two passes a third joins (its opening from the
+    kept cache), after three a prompt without that opening; every reply is the one the
+    policy writes alone."""
+    from conductor_pipeline.workers import lookup_decoding
     from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
+
+    if compact:
+        monkeypatch.setattr(lookup_decoding, "_MAX_HIDDEN", 0)
 
     def planning(question: str) -> list[dict[str, str]]:
         return conductor_messages(question, ["a", "b", "c"], PromptConfig())
@@ -659,7 +669,7 @@ def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts
     conversations = [
         planning("Compute the sum of 1234 and 4321."),
         planning("Are all cats mammals? Yes or No."),
-        planning("Write a Python function that reverses a string."),
+        planning("Write a Python function that reverses a string and explains each step."),
         [{"role": "user", "content": "Count from one to twelve in words, separated by commas."}],
     ]
     seeds = [3, 5, 7, 11]
@@ -670,13 +680,22 @@ def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts
     ]
     asked: list[int] = []
     answers: dict[int, PolicyCompletion] = {}
+    prompt_passes: list[int] = []  # rows of each pass over prompts
+    forward = smollm2._model.forward
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if kwargs.get("logits_to_keep") == 1:
+            prompt_passes.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(smollm2._model, "forward", counted)
 
     def more(writing: int) -> list:
         asked.append(writing)
-        if len(asked) == 2:  # after two passes, while both first rows still write
-            assert writing == 2
-            return [(i, conversations[i], seeds[i]) for i in (2, 3)]
-        return []
+        joining = {2: [2], 3: [3]}.get(len(asked), [])
+        if joining:
+            assert writing >= 2  # the first rows are still writing
+        return [(i, conversations[i], seeds[i]) for i in joining]
 
     def done(handle: int, completion: PolicyCompletion) -> None:
         answers[handle] = completion
@@ -689,3 +708,4 @@ def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts
     assert [answers[i].text for i in range(4)] == [c.text for c in alone]
     assert [answers[i].completion_tokens for i in range(4)] == [c.completion_tokens for c in alone]
     assert [answers[i].prompt_tokens for i in range(4)] == [c.prompt_tokens for c in alone]
+    assert prompt_passes == [2, 1, 1]  # one pass over the prompts of each joining group

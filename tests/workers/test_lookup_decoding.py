@@ -190,3 +190,28 @@ def test_batches_with_guesses_write_the_texts_of_plain_batches(local_policy, tem
     # without guesses: the prompts' pass, then one pass per token of the longest row
     assert plain_passes == max(lengths)
     assert guessed_passes < plain_passes
+
+
+def test_rows_drawing_side_by_side_write_the_texts_of_rows_drawing_in_turn(
+    local_policy, monkeypatch
+):
+    """With two CPU threads a batch's rows draw their tokens on a thread pool; each row has
+    its own generator, so the texts are the ones drawn one row after another."""
+    import asyncio
+
+    conversations = _batch_conversations()
+
+    def run() -> list:
+        return asyncio.run(
+            local_policy.complete_many(
+                conversations, temperature=1.0, max_tokens=30, seeds=[4, 3, 2, 1, 0]
+            )
+        )
+
+    monkeypatch.setattr(local_policy, "torch_threads", 2)
+    side_by_side = run()
+    assert local_policy._draw_pool is not None
+    monkeypatch.setattr(local_policy, "_draw_threads", lambda: None)
+    in_turn = run()
+    assert [c.text for c in side_by_side] == [c.text for c in in_turn]
+    assert [c.completion_tokens for c in side_by_side] == [c.completion_tokens for c in in_turn]

@@ -20,7 +20,8 @@ In a batch a wrong guess stays in the cache, hidden by the mask instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,10 +178,13 @@ class BatchLookupDecoder:
     the cache, hidden by the mask from then on, so a ragged batch needs no crop; positions
     follow the mask, so a row's kept tokens stay contiguous. A finished row leaves the
     batch, its keys and values with it. ``max_guess=0`` is plain decoding, one token a pass.
+    With ``draw_threads`` (an executor) the rows draw side by side: a draw runs on one core,
+    so a 16-row batch would otherwise leave the other cores idle between passes.
 
-    Rows that join are prefilled on their own pass, then stacked under the live ones: on
-    both sides each row's visible columns move to the right end, in order, the columns no
-    row sees are dropped, and the narrower side is padded on the left with hidden columns.
+    Rows that join are prefilled on their own pass, then stacked under the live ones, the
+    narrower side padded on the left with hidden columns; when the live rows have piled up
+    many columns none of them sees, each of their visible columns first moves to the right
+    end, in order, and the rest are dropped.
     Attention does not depend on where a visible column sits (positions are explicit), so a
     row writes the text it writes in any batch, up to float rounding. This is what lets a
     server keep one batch running while requests come and go (continuous batching) instead
@@ -188,13 +192,20 @@ class BatchLookupDecoder:
     """
 
     def __init__(
-        self, model: Any, eos_token_id: int, pad_token_id: int, max_guess: int = 8
+        self,
+        model: Any,
+        eos_token_id: int,
+        pad_token_id: int,
+        max_guess: int = 8,
+        draw_threads: Executor | None = None,
     ) -> None:
         self.model = model
+        self.draw_threads = draw_threads  # None: rows draw one after another
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_guess = max_guess
         self.passes = 0  # decoding passes, prompt passes not counted
+        self.prompt_passes = 0  # passes over the prompts of joining rows
         self.guessed = 0  # guessed tokens kept, all rows together
         self._rows: list[_Row] = []
         self._done: list[_Row] = []
@@ -219,11 +230,12 @@ class BatchLookupDecoder:
         history: Sequence[Sequence[int]] = (),
     ) -> None:
         """Add the rows of a padded batch whose first ``shared`` columns are in ``cache``
-        (``None``: no cache): one pass over their prompts, which draws each row's first
-        token. ``keys`` name the rows in :meth:`pop_finished`; ``sampler`` is their
-        :class:`~conductor_pipeline.workers.local_model.RowSampler`; ``history``: earlier
-        replies to guess from."""
-
+        (``None``: no cache). ``keys`` name the rows in :meth:`pop_finished`; ``sampler`` is
+        their :class:`~conductor_pipeline.workers.local_model.RowSampler`; ``history``:
+        earlier replies to guess from. One pass over their prompts draws each row's first
+        token. (Feeding a joining row's prompt inside the writing rows' passes instead, a few
+        tokens a pass, was measured slower: the row then waits several passes for its first
+        token, and every row's latency grows.)"""
         count = input_ids.shape[0]
         if len(keys) != count:
             raise ValueError(f"BatchLookupDecoder.join: {len(keys)} keys for {count} rows")
@@ -251,8 +263,12 @@ class BatchLookupDecoder:
             use_cache=True,
             logits_to_keep=1,
         )
-        for j, row in enumerate(rows):
-            row.tokens.append(_draw(row.temperature, row.generator, out.logits[j, -1]))
+        self.prompt_passes += 1
+        first = self._each_row(
+            lambda j: _draw(rows[j].temperature, rows[j].generator, out.logits[j, -1]), len(rows)
+        )
+        for row, token in zip(rows, first, strict=True):
+            row.tokens.append(token)
         self._stack(out.past_key_values, attention_mask, positions[:, -1] + 1, rows)
         self._retire()
 
@@ -270,23 +286,25 @@ class BatchLookupDecoder:
             )
             for row in self._rows
         ]
-        width = 1 + max(len(g) for g in guesses)
-        fed = [
-            [row.tokens[-1], *g] + [self.pad_token_id] * (width - 1 - len(g))
-            for row, g in zip(self._rows, guesses, strict=True)
-        ]
-        new_columns = [[1] * (1 + len(g)) + [0] * (width - 1 - len(g)) for g in guesses]
+        fed = [[row.tokens[-1], *g] for row, g in zip(self._rows, guesses, strict=True)]
+        width = max(len(f) for f in fed)
+        inputs = [f + [self.pad_token_id] * (width - len(f)) for f in fed]
+        new_columns = [[1] * len(f) + [0] * (width - len(f)) for f in fed]
         base = self._mask.shape[1]
         mask = torch.cat([self._mask, torch.tensor(new_columns, dtype=self._mask.dtype)], dim=1)
         out = self.model(
-            input_ids=torch.tensor(fed),
+            input_ids=torch.tensor(inputs),
             attention_mask=mask,
             position_ids=self._next_position[:, None] + torch.arange(width),
             past_key_values=self._cache,
             use_cache=True,
         )
         self.passes += 1
-        for j, (row, guess) in enumerate(zip(self._rows, guesses, strict=True)):
+
+        def accept(j: int) -> tuple[int, int]:
+            """Row ``j`` draws its positions in order while its guess holds; returns how
+            many of the columns it was fed stay in its cache, and how many guesses held."""
+            row, guess = self._rows[j], guesses[j]
             kept = 0
             for i in range(len(guess) + 1):
                 token = _draw(row.temperature, row.generator, out.logits[j, i])
@@ -296,13 +314,24 @@ class BatchLookupDecoder:
                 if i == len(guess) or token != guess[i]:
                     break
                 kept += 1
+            return 1 + kept, kept
+
+        for j, (columns, kept) in enumerate(self._each_row(accept, len(self._rows))):
             self.guessed += kept
             # the newest token and the right guesses keep their columns; the rest (wrong
             # guesses, pads) are hidden for good; the last token drawn comes next pass
-            mask[j, base + 1 + kept :] = 0
-            self._next_position[j] += 1 + kept
+            mask[j, base + columns :] = 0
+            self._next_position[j] += columns
         self._mask = mask
         self._retire()
+
+    def _each_row(self, work: Callable[[int], Any], rows: int) -> list[Any]:
+        """``work(j)`` for every row, on the draw threads when there are several: a draw
+        (softmax, then the generator's noise over the whole vocabulary) runs on one core,
+        and rows draw from their own generators, so they can draw side by side."""
+        if self.draw_threads is None or rows < 2:
+            return [work(j) for j in range(rows)]
+        return list(self.draw_threads.map(work, range(rows)))
 
     def pop_finished(self) -> list[tuple[Any, list[int]]]:
         """``(key, tokens)`` of the rows done since the last call (the end token included
@@ -341,7 +370,11 @@ class BatchLookupDecoder:
                 rows,
             )
             return
-        live_mask, new_mask = _right_aligned(self._cache, self._mask), _right_aligned(cache, mask)
+        # compacting copies the whole cache: only worth it once the columns no row sees
+        # (rejected guesses, pads, rows gone) would cost every pass more than the copy
+        hidden = self._mask.shape[1] - int(self._mask.sum(dim=1).max())
+        live_mask = _right_aligned(self._cache, self._mask) if hidden > _MAX_HIDDEN else self._mask
+        new_mask = mask  # fresh from its prompt pass: hidden columns are pads only
         width = max(live_mask.shape[1], new_mask.shape[1])
         for live, new in zip(self._cache.layers, cache.layers, strict=True):
             live.keys = torch.cat([_left_padded(live.keys, width), _left_padded(new.keys, width)])
@@ -351,6 +384,10 @@ class BatchLookupDecoder:
         self._mask = torch.cat([_left_padded(live_mask, width), _left_padded(new_mask, width)])
         self._next_position = torch.cat([self._next_position, next_position])
         self._rows = [*self._rows, *rows]
+
+
+# hidden cache columns a batch keeps before rows joining it make it compact its cache
+_MAX_HIDDEN = 64
 
 
 def _right_aligned(cache: Any, mask: Any) -> Any:
@@ -390,12 +427,13 @@ def lookup_decode_batch(
     pad_token_id: int,
     history: Sequence[Sequence[int]] = (),
     max_guess: int = 8,
+    draw_threads: Executor | None = None,
 ) -> BatchLookupResult:
     """Lookup decoding for a padded batch whose first ``shared`` columns are in ``cache``
     (``None``: no cache), up to ``max_new_tokens`` ids per row: a
     :class:`BatchLookupDecoder` that no row joins after the first."""
     rows = input_ids.shape[0]
-    decoder = BatchLookupDecoder(model, eos_token_id, pad_token_id, max_guess)
+    decoder = BatchLookupDecoder(model, eos_token_id, pad_token_id, max_guess, draw_threads)
     decoder.join(
         input_ids, attention_mask, cache, shared, sampler, max_new_tokens, range(rows), history
     )

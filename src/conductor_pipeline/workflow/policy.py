@@ -94,6 +94,7 @@ class LocalPolicy:
         # fast a reply is written, never what it says
         self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
         self._rows_joined = 0  # rows of continuous batches so far (their keys)
+        self._draw_pool: Any = None  # see _draw_threads
 
     def load(self) -> None:
         with self._load_lock:
@@ -286,7 +287,11 @@ class LocalPolicy:
         self._set_threads()
         tokenizer = self._tokenizer
         decoder = BatchLookupDecoder(
-            self._model, tokenizer.eos_token_id, tokenizer.pad_token_id, self.lookup_tokens
+            self._model,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            self.lookup_tokens,
+            self._draw_threads(),
         )
         # decoder key -> (handle, prompt tokens, prefilled, joined at)
         writing: dict[int, tuple[Any, int, bool, float]] = {}
@@ -303,7 +308,7 @@ class LocalPolicy:
                     latency = time.perf_counter() - joined
                     done(handle, self._completion(tokens, prompt_tokens, prefilled, latency))
                 joining = list(more(decoder.rows))
-        self.batch_forward_passes += decoder.passes
+        self.batch_forward_passes += decoder.passes + decoder.prompt_passes
 
     def _join(
         self,
@@ -313,8 +318,8 @@ class LocalPolicy:
         max_tokens: int,
         writing: dict[int, tuple[Any, int, bool, float]],
     ) -> None:
-        """Prefill ``joining`` into ``decoder`` in one pass (their shared opening comes from
-        the kept cache) and note them in ``writing`` under fresh keys."""
+        """Add ``joining`` to ``decoder`` (their shared opening comes from the kept cache) and
+        note them in ``writing`` under fresh keys."""
         from conductor_pipeline.workers.local_model import RowSampler, encode_chat
 
         joined = time.perf_counter()
@@ -337,7 +342,6 @@ class LocalPolicy:
             keys,
             history=list(self._recent_replies),
         )
-        self.batch_forward_passes += 1
 
     def _padded(self, rows: list[list[int]]) -> tuple[Any, Any, int]:
         """``rows`` as one padded batch ``(input_ids, attention_mask, shared)``.
@@ -400,9 +404,25 @@ class LocalPolicy:
             self._tokenizer.pad_token_id,
             history=list(self._recent_replies),
             max_guess=self.lookup_tokens,
+            draw_threads=self._draw_threads(),
         )
         self.batch_forward_passes += result.forward_passes + 1  # + the prompts' pass
         return result.tokens
+
+    def _draw_threads(self) -> Any:
+        """Threads for a batch's rows to draw their tokens side by side (None with one CPU
+        thread, e.g. evaluation's ``torch_threads: 1``, which leaves the other core to the
+        sandbox worker). Call from the generating thread."""
+        import torch
+
+        threads = self.torch_threads or torch.get_num_threads()
+        if threads < 2:
+            return None
+        if self._draw_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._draw_pool = ThreadPoolExecutor(threads, thread_name_prefix="conductor-draw")
+        return self._draw_pool
 
     def _set_threads(self) -> None:
         # per calling thread: generations run in worker threads, and OpenMP keeps the thread
