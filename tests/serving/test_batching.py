@@ -709,3 +709,33 @@ def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts
     assert [answers[i].completion_tokens for i in range(4)] == [c.completion_tokens for c in alone]
     assert [answers[i].prompt_tokens for i in range(4)] == [c.prompt_tokens for c in alone]
     assert prompt_passes == [2, 1, 1]  # one pass over the prompts of each joining group
+
+
+def test_a_cancelled_continuous_batch_cancels_its_requests_and_admits_no_one_more():
+    """The batcher's task is cancelled (the server's loop shuts down) while a continuous
+    batch generates: the requests it has taken, joined ones included, are cancelled rather
+    than left waiting, and the generation thread admits nobody after that."""
+    fake = FakeContinuous()
+    fake.release.clear()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+    async def go():
+        long = asyncio.create_task(_ask(policy, "long", 1))
+        other = asyncio.create_task(_ask(policy, "long", 2))
+        await fake.started.wait()
+        joined = asyncio.create_task(_ask(policy, "long", 3))
+        while policy.stats.joined < 1:
+            await asyncio.sleep(0.01)
+        policy._drainer.cancel()
+        gathered = asyncio.gather(long, other, joined, return_exceptions=True)
+        try:
+            out = await asyncio.wait_for(gathered, timeout=30)  # not left waiting forever
+        finally:
+            fake.release.set()  # the generation thread finishes its rows either way
+        late = asyncio.create_task(_ask(policy, "late", 4))  # a new drainer serves it
+        return out, await late
+
+    out, late = asyncio.run(go())
+    assert all(isinstance(r, asyncio.CancelledError) for r in out)
+    assert late.text == "late#4"
+    assert fake.calls[0][1] == [1, 2] and policy.stats.joined == 1

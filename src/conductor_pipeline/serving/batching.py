@@ -287,6 +287,7 @@ class MicroBatchingPolicy:
         loop = asyncio.get_running_loop()
         key = batch[0].key
         members = list(batch)  # every request the batch has taken, for errors
+        closing = False  # the batcher is being cancelled (loop shutdown): admit no one
 
         def more(writing: int) -> list[tuple[_Waiting, list[dict[str, str]], int]]:
             # called by the generation thread before each pass
@@ -294,15 +295,19 @@ class MicroBatchingPolicy:
             if free <= 0:
                 return []
             with self._queue_lock:
+                if closing:
+                    return []
                 group = [w for w in self._queue if w.key == key and not w.future.done()][:free]
                 taken = set(map(id, group))
                 self._queue = [w for w in self._queue if id(w) not in taken]
-            members.extend(group)
+                members.extend(group)
             self.stats.joined += len(group)
             return [(w, w.messages, w.seed) for w in group]
 
         def done(waiting: _Waiting, output: PolicyCompletion) -> None:
-            loop.call_soon_threadsafe(_settle, waiting.future, output)
+            # a loop that has closed meanwhile has nobody left to answer
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, waiting.future, output)
 
         temperature, max_tokens = key
         try:
@@ -313,6 +318,15 @@ class MicroBatchingPolicy:
                 more=more,
                 done=done,
             )
+        except asyncio.CancelledError:
+            # the rows already writing finish in their thread; nobody waits for them
+            with self._queue_lock:
+                closing = True
+                left = list(members)
+            for waiting in left:
+                if not waiting.future.done():
+                    waiting.future.cancel()
+            raise
         except Exception as exc:
             _fail(members, len(members), exc)
 
