@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from conductor_pipeline.workflow.policy import PolicyCompletion
+from conductor_pipeline.workflow.policy import JoiningRow, PolicyCompletion
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ class MicroBatchingPolicy:
         members = list(batch)  # every request the batch has taken, for errors
         closing = False  # the batcher is being cancelled (loop shutdown): admit no one
 
-        def more(writing: int) -> list[tuple[_Waiting, list[dict[str, str]], int]]:
+        def more(writing: int) -> list[JoiningRow]:
             # called by the generation thread before each pass
             free = self.max_batch - writing
             if free <= 0:

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+# a conversation joining a continuous batch: (the caller's handle, messages, seed)
+JoiningRow = tuple[Any, list[dict[str, str]], int]
+
 
 @dataclass
 class PolicyCompletion:
@@ -93,7 +96,6 @@ class LocalPolicy:
         # recent replies (token ids) that lookup decoding guesses from; they change how
         # fast a reply is written, never what it says
         self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
-        self._rows_joined = 0  # rows of continuous batches so far (their keys)
         self._draw_pool: Any = None  # see _draw_threads
 
     def load(self) -> None:
@@ -249,18 +251,18 @@ class LocalPolicy:
 
     async def complete_continuously(
         self,
-        first: list[tuple[Any, list[dict[str, str]], int]],
+        first: list[JoiningRow],
         *,
         temperature: float,
         max_tokens: int,
-        more: Callable[[int], list[tuple[Any, list[dict[str, str]], int]]],
+        more: Callable[[int], list[JoiningRow]],
         done: Callable[[Any, PolicyCompletion], None],
     ) -> None:
         """One batch that conversations join and leave between decoding passes (continuous
         batching, for the API's micro-batcher).
 
-        ``first`` and what ``more(rows_writing)`` returns are ``(handle, messages, seed)``;
-        ``more`` is asked before every pass. Each completion goes to ``done(handle, ...)`` as
+        ``first`` and what ``more(rows_writing)`` returns are ``(handle, messages, seed)``
+        (handles: distinct and hashable, e.g. the caller's request objects); ``more`` is asked before every pass. Each completion goes to ``done(handle, ...)`` as
         soon as its row has finished, not when the batch does; its ``latency_s`` runs from
         its row's joining. The call returns once no row is writing and ``more`` has nothing.
         Every row samples with its own seeded generator, so a conversation gets the text it
@@ -273,10 +275,10 @@ class LocalPolicy:
 
     def _generate_continuously(
         self,
-        first: list[tuple[Any, list[dict[str, str]], int]],
+        first: list[JoiningRow],
         temperature: float,
         max_tokens: int,
-        more: Callable[[int], list[tuple[Any, list[dict[str, str]], int]]],
+        more: Callable[[int], list[JoiningRow]],
         done: Callable[[Any, PolicyCompletion], None],
     ) -> None:
         import torch
@@ -293,8 +295,8 @@ class LocalPolicy:
             self.lookup_tokens,
             self._draw_threads(),
         )
-        # decoder key -> (handle, prompt tokens, prefilled, joined at)
-        writing: dict[int, tuple[Any, int, bool, float]] = {}
+        # handle (the decoder's key for its row) -> (prompt tokens, prefilled, joined at)
+        writing: dict[Any, tuple[int, bool, float]] = {}
         joining = list(first)
         with self._generate_lock, torch.inference_mode():
             while joining or decoder.rows:
@@ -302,9 +304,9 @@ class LocalPolicy:
                     self._join(decoder, joining, temperature, int(max_tokens), writing)
                 if decoder.rows:
                     decoder.step()
-                for key, tokens in decoder.pop_finished():
+                for handle, tokens in decoder.pop_finished():
                     self._recent_replies.appendleft(tokens)
-                    handle, prompt_tokens, prefilled, joined = writing.pop(key)
+                    prompt_tokens, prefilled, joined = writing.pop(handle)
                     latency = time.perf_counter() - joined
                     done(handle, self._completion(tokens, prompt_tokens, prefilled, latency))
                 joining = list(more(decoder.rows))
@@ -313,13 +315,13 @@ class LocalPolicy:
     def _join(
         self,
         decoder: Any,
-        joining: list[tuple[Any, list[dict[str, str]], int]],
+        joining: list[JoiningRow],
         temperature: float,
         max_tokens: int,
-        writing: dict[int, tuple[Any, int, bool, float]],
+        writing: dict[Any, tuple[int, bool, float]],
     ) -> None:
         """Add ``joining`` to ``decoder`` (their shared opening comes from the kept cache) and
-        note them in ``writing`` under fresh keys."""
+        note them in ``writing``."""
         from conductor_pipeline.workers.local_model import RowSampler, encode_chat
 
         joined = time.perf_counter()
@@ -327,10 +329,9 @@ class LocalPolicy:
         rows = [ids for ids, _ in encoded]
         input_ids, attention_mask, shared = self._padded(rows)
         cache = self._prefix_cache(rows[0][:shared], len(rows)) if shared else None
-        keys = [self._rows_joined + i for i in range(len(rows))]
-        self._rows_joined += len(rows)
-        for key, (handle, _, _), (ids, prefilled) in zip(keys, joining, encoded, strict=True):
-            writing[key] = (handle, len(ids), prefilled, joined)
+        handles = [handle for handle, _, _ in joining]
+        for handle, (ids, prefilled) in zip(handles, encoded, strict=True):
+            writing[handle] = (len(ids), prefilled, joined)
         sampler = RowSampler([temperature] * len(rows), [seed for _, _, seed in joining])
         decoder.join(
             input_ids,
@@ -339,7 +340,7 @@ class LocalPolicy:
             shared,
             sampler,
             max_tokens,
-            keys,
+            handles,
             history=list(self._recent_replies),
         )
 
