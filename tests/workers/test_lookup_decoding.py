@@ -118,6 +118,41 @@ def test_a_cached_prompt_opening_and_the_token_limit_are_honoured(smollm2):
         lookup_generate(model, ids, cache, len(ids), RowSampler([0.0], [0]), 4, 2)
 
 
+def test_the_head_projects_only_the_positions_a_draw_reads(smollm2):
+    """The prompt's pass projects its last position onto the 49k-token vocabulary, not every
+    prompt token; a guessing pass projects the newest token and the guess."""
+    from transformers import DynamicCache
+
+    from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+
+    model, tokenizer = smollm2
+    ids, _ = encode_chat(tokenizer, _MESSAGES)
+    fed, projected = [], []
+    hooks = [
+        model.model.register_forward_pre_hook(
+            lambda _, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        ),
+        model.lm_head.register_forward_pre_hook(lambda _, args: projected.append(args[0].shape[1])),
+    ]
+    try:
+        lookup_generate(
+            model,
+            ids,
+            DynamicCache(),
+            0,
+            RowSampler([0.0], [0]),
+            24,
+            tokenizer.eos_token_id,
+            history=[ids[-30:]],
+        )
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert fed[0] == len(ids) and projected[0] == 1
+    assert projected[1:] == fed[1:]
+    assert max(fed[1:]) > 1  # some pass checked a guess
+
+
 def test_a_local_policy_answers_single_requests_as_its_batches_do_and_learns_to_guess():
     import asyncio
 

@@ -101,24 +101,24 @@ def lookup_generate(
     def draw(logits: Any) -> int:
         return int(torch.argmax(sampler(None, logits.float().unsqueeze(0))[0]))
 
-    def forward(ids: Sequence[int]) -> Any:
+    def forward(ids: Sequence[int], keep: int) -> Any:
         out = model(
             input_ids=torch.tensor([list(ids)]),
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=len(ids) if len(ids) > 1 else 1,
+            logits_to_keep=keep,  # the last ``keep`` positions: the head is 49k wide
         )
         return out.logits[0]
 
     index = NgramIndex([*history, prompt])
     context = list(prompt)
     with torch.inference_mode():
-        generated = [draw(forward(prompt[cached:])[-1])]
+        generated = [draw(forward(prompt[cached:], 1)[-1])]
         passes = kept_guesses = 0
         while generated[-1] != eos_token_id and len(generated) < max_new_tokens:
             limit = min(max_guess, max_new_tokens - len(generated))
             guess = index.guess(context + generated, limit, reply_start=len(prompt))
-            logits = forward([generated[-1], *guess])  # the newest token and the guess
+            logits = forward([generated[-1], *guess], 1 + len(guess))  # newest token, guess
             passes += 1
             kept = 0
             for i in range(len(guess) + 1):
