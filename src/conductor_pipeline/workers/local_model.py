@@ -143,35 +143,36 @@ def load_smollm2(cache_dir: Path | None = None) -> tuple[Any, Any]:
 
 class RowSampler:
     """A logits processor for batched generation: row ``i`` draws its next token from its own
-    ``torch.Generator`` (seeded with ``seeds[i]``) at its own temperature (``<= 0``: greedy).
+    generator (seeded with ``seeds[i]``) at its own temperature (``<= 0``: greedy).
 
     Used with ``generate(do_sample=False)``: the processor leaves one allowed token per row,
     so a row's text depends on its own seed and not on which rows share its batch (up to the
-    float rounding of a padded batch).
+    float rounding of a padded batch). A draw is the one ``torch.multinomial`` makes with
+    ``torch.Generator().manual_seed(seed)``, faster
+    (:func:`~conductor_pipeline.workers.token_draw.draw_token`).
     """
 
     def __init__(self, temperatures: Sequence[float], seeds: Sequence[int]) -> None:
-        import torch
+        from conductor_pipeline.workers.token_draw import row_generator
 
         if len(temperatures) != len(seeds):
             raise ValueError("RowSampler: one temperature per seed")
         self.temperatures = [float(t or 0.0) for t in temperatures]
-        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.generators = [row_generator(int(s)) for s in seeds]
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
-        picked = []
-        for i, (temperature, generator) in enumerate(
-            zip(self.temperatures, self.generators, strict=True)
-        ):
-            if temperature <= 0:
-                picked.append(torch.argmax(scores[i]))
-                continue
-            probs = torch.softmax(scores[i].float() / temperature, dim=-1)
-            picked.append(torch.multinomial(probs, 1, generator=generator)[0])
+        from conductor_pipeline.workers.token_draw import draw_token
+
+        picked = [
+            draw_token(scores[i], temperature, generator)
+            for i, (temperature, generator) in enumerate(
+                zip(self.temperatures, self.generators, strict=True)
+            )
+        ]
         forced = torch.full_like(scores, float("-inf"))
-        forced[torch.arange(scores.shape[0]), torch.stack(picked)] = 0.0
+        forced[torch.arange(scores.shape[0]), torch.tensor(picked)] = 0.0
         return forced
 
 

@@ -25,6 +25,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from conductor_pipeline.workers.token_draw import draw_token
+
 # n-gram lengths tried for a match, longest first: a one-token match guesses too poorly to
 # be worth the larger pass
 NGRAM_SIZES = (4, 3, 2)
@@ -144,17 +146,6 @@ class BatchLookupResult:
     guessed: int  # guessed tokens that were kept, all rows together
 
 
-def _draw(temperature: float, generator: Any, scores: Any) -> int:
-    """One row's draw, as :class:`~conductor_pipeline.workers.local_model.RowSampler` makes
-    it (the same operations, so the same token for the same generator state)."""
-    import torch
-
-    if temperature <= 0:
-        return int(torch.argmax(scores))
-    probs = torch.softmax(scores.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator)[0])
-
-
 @dataclass(eq=False)
 class _Row:
     key: Any  # the caller's name for the row
@@ -265,7 +256,8 @@ class BatchLookupDecoder:
         )
         self.prompt_passes += 1
         first = self._each_row(
-            lambda j: _draw(rows[j].temperature, rows[j].generator, out.logits[j, -1]), len(rows)
+            lambda j: draw_token(out.logits[j, -1], rows[j].temperature, rows[j].generator),
+            len(rows),
         )
         for row, token in zip(rows, first, strict=True):
             row.tokens.append(token)
@@ -307,7 +299,7 @@ class BatchLookupDecoder:
             row, guess = self._rows[j], guesses[j]
             kept = 0
             for i in range(len(guess) + 1):
-                token = _draw(row.temperature, row.generator, out.logits[j, i])
+                token = draw_token(out.logits[j, i], row.temperature, row.generator)
                 row.tokens.append(token)
                 if self._finished(row):
                     break
