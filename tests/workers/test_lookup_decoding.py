@@ -250,3 +250,54 @@ def test_rows_drawing_side_by_side_write_the_texts_of_rows_drawing_in_turn(
     in_turn = run()
     assert [c.text for c in side_by_side] == [c.text for c in in_turn]
     assert [c.completion_tokens for c in side_by_side] == [c.completion_tokens for c in in_turn]
+
+
+def test_every_row_keeps_its_positions_in_step_with_its_visible_columns(
+    tiny_model_dir, monkeypatch
+):
+    """Positions follow the mask: after every pass, each row's next position is the number
+    of cache columns it sees, for rows that joined with their prompt on a writing pass
+    (merged), with a pass of their own, and after the cache was compacted."""
+    import asyncio
+
+    from conductor_pipeline.workers import lookup_decoding
+    from conductor_pipeline.workers.lookup_decoding import BatchLookupDecoder
+    from conductor_pipeline.workflow import LocalPolicy
+    from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
+
+    def planning(question: str) -> list[dict[str, str]]:
+        return conductor_messages(question, ["a", "b", "c"], PromptConfig())
+
+    policy = LocalPolicy(model_dir=tiny_model_dir, lookup_tokens=4)
+    policy.warm_up([planning("What is 2 + 2?"), planning("Is ice cold?")])
+    monkeypatch.setattr(lookup_decoding, "_MAX_HIDDEN", 8)  # compact now and then
+    step, checked, merged = BatchLookupDecoder.step, [], []
+
+    def checked_step(decoder: BatchLookupDecoder) -> None:
+        merged.append(decoder._joining is not None)
+        step(decoder)
+        if decoder._rows:
+            assert decoder._next_position.tolist() == decoder._mask.sum(dim=1).tolist()
+            checked.append(len(decoder._rows))
+
+    monkeypatch.setattr(BatchLookupDecoder, "step", checked_step)
+    joins = {2: [planning("Name a prime.")], 3: [[{"role": "user", "content": "Hi!"}]]}
+    asked: list[int] = []
+
+    def more(writing: int) -> list:
+        asked.append(writing)
+        return [(len(asked) * 10 + i, m, i) for i, m in enumerate(joins.get(len(asked), []))]
+
+    first = [(0, planning("Compute 12 * 12."), 1), (1, planning("Is 7 odd?"), 2)]
+    answers: dict = {}
+    asyncio.run(
+        policy.complete_continuously(
+            first,
+            temperature=1.0,
+            max_tokens=24,
+            more=more,
+            done=lambda handle, completion: answers.__setitem__(handle, completion),
+        )
+    )
+    assert sorted(answers) == [0, 1, 20, 30]
+    assert any(merged) and max(checked) == 4
