@@ -256,8 +256,8 @@ def test_every_row_keeps_its_positions_in_step_with_its_visible_columns(
     tiny_model_dir, monkeypatch
 ):
     """Positions follow the mask: after every pass, each row's next position is the number
-    of cache columns it sees, for rows that joined with their prompt on a writing pass
-    (merged), with a pass of their own, and after the cache was compacted."""
+    of cache columns it sees, for rows that joined a writing batch (with the kept opening
+    and without) and after the cache was compacted."""
     import asyncio
 
     from conductor_pipeline.workers import lookup_decoding
@@ -271,10 +271,9 @@ def test_every_row_keeps_its_positions_in_step_with_its_visible_columns(
     policy = LocalPolicy(model_dir=tiny_model_dir, lookup_tokens=4)
     policy.warm_up([planning("What is 2 + 2?"), planning("Is ice cold?")])
     monkeypatch.setattr(lookup_decoding, "_MAX_HIDDEN", 8)  # compact now and then
-    step, checked, merged = BatchLookupDecoder.step, [], []
+    step, checked = BatchLookupDecoder.step, []
 
     def checked_step(decoder: BatchLookupDecoder) -> None:
-        merged.append(decoder._joining is not None)
         step(decoder)
         if decoder._rows:
             assert decoder._next_position.tolist() == decoder._mask.sum(dim=1).tolist()
@@ -300,4 +299,42 @@ def test_every_row_keeps_its_positions_in_step_with_its_visible_columns(
         )
     )
     assert sorted(answers) == [0, 1, 20, 30]
-    assert any(merged) and max(checked) == 4
+    assert max(checked) == 4  # the joining rows wrote beside the first two
+
+
+def test_a_batch_projects_onto_the_vocabulary_only_the_columns_its_rows_were_fed(local_policy):
+    """Rows guess different lengths and are padded to the longest; the head (49k wide) runs
+    on the fed columns only, not on the pads."""
+    import asyncio
+
+    policy = local_policy
+    model = policy._model
+    passes = []  # (columns in the pass, columns fed rather than padded)
+    projected = []  # (dimensions of the head's input, positions it projects)
+
+    def count_fed(_, args, kwargs) -> None:  # noqa: ANN001
+        width = kwargs["input_ids"].shape[1]
+        passes.append(
+            (kwargs["input_ids"].numel(), int(kwargs["attention_mask"][:, -width:].sum()))
+        )
+
+    hooks = [
+        model.get_decoder().register_forward_pre_hook(count_fed, with_kwargs=True),
+        model.get_output_embeddings().register_forward_pre_hook(
+            lambda _, args: projected.append((args[0].dim(), args[0].shape[:-1].numel()))
+        ),
+    ]
+    try:
+        asyncio.run(
+            policy.complete_many(
+                _batch_conversations(), temperature=1.0, max_tokens=30, seeds=[1, 2, 3, 4, 5]
+            )
+        )
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(projected) == len(passes)
+    # decoding passes (the prompts' passes project each row's last position: 3-d input)
+    steps = [(p, n) for p, (dims, n) in zip(passes, projected, strict=True) if dims == 2]
+    assert steps and all(n == real for (_, real), n in steps)
+    assert any(real < columns for (columns, real), _ in steps)  # some pass had pads

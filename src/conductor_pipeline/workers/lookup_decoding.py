@@ -20,6 +20,7 @@ In a batch a wrong guess stays in the cache, hidden by the mask instead.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -157,18 +158,6 @@ class _Row:
     tokens: list[int]
 
 
-@dataclass(eq=False)
-class _Joining:
-    """Rows whose prompts go into the next pass of the writing rows (see :meth:`join`)."""
-
-    rows: list[_Row]
-    opening: Any  # the key/value cache of their shared opening, one row each
-    shared: int  # its length
-    tokens: Any  # (rows, width): their prompt columns after the opening, pads first
-    mask: Any  # (rows, width): which of those are real
-    positions: Any  # (rows, width)
-
-
 class BatchLookupDecoder:
     """Lookup decoding of a padded batch whose rows leave when they are done and which new
     rows can join between passes (:meth:`join`, :meth:`step`, :meth:`pop_finished`).
@@ -215,12 +204,11 @@ class BatchLookupDecoder:
         self._cache: Any = None
         self._mask: Any = None  # (rows, columns): which cache columns each row sees
         self._next_position: Any = None  # (rows,): the position of each row's next token
-        self._joining: _Joining | None = None  # rows whose prompts ride on the next pass
 
     @property
     def rows(self) -> int:
-        """Rows still writing (rows joining at the next pass included)."""
-        return len(self._rows) + (len(self._joining.rows) if self._joining else 0)
+        """Rows still writing."""
+        return len(self._rows)
 
     def join(
         self,
@@ -236,17 +224,10 @@ class BatchLookupDecoder:
         """Add the rows of a padded batch whose first ``shared`` columns are in ``cache``
         (``None``: no cache). ``keys`` name the rows in :meth:`pop_finished`; ``sampler`` is
         their :class:`~conductor_pipeline.workers.local_model.RowSampler`; ``history``:
-        earlier replies to guess from.
-
-        Rows joining a batch that is writing, with their opening in ``cache`` and at most
-        ``_MERGED_WIDTH`` prompt tokens after it, go into the next :meth:`step`: their
-        prompt tokens and the writing rows' guesses share one pass, the writing rows
-        guessing as far as the joining prompts reach instead of leaving pads there, and the
-        pass draws the joining rows' first tokens. A pass has a cost of its own (the weights
-        are read, every layer's small operations run) that a separate pass for the joining
-        rows would pay again. Otherwise one pass over their prompts draws each row's first
-        token at once. (Feeding a joining prompt a few tokens a pass was measured slower:
-        the row then waits several passes for its first token.)"""
+        earlier replies to guess from. One pass over their prompts draws each row's first
+        token. (Feeding a joining row's prompt inside the writing rows' passes instead, a few
+        tokens a pass, was measured slower: the row then waits several passes for its first
+        token, and every row's latency grows.)"""
         count = input_ids.shape[0]
         if len(keys) != count:
             raise ValueError(f"BatchLookupDecoder.join: {len(keys)} keys for {count} rows")
@@ -266,17 +247,6 @@ class BatchLookupDecoder:
             return
         # positions follow the mask (pads take none), as generate computes them
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        width = input_ids.shape[1] - shared
-        if self._rows and cache is not None and not self._joining and width <= _MERGED_WIDTH:
-            self._joining = _Joining(
-                rows,
-                cache,
-                shared,
-                input_ids[:, shared:],
-                attention_mask[:, shared:],
-                positions[:, shared:],
-            )
-            return
         out = self.model(
             input_ids=input_ids[:, shared:],
             attention_mask=attention_mask,
@@ -296,78 +266,46 @@ class BatchLookupDecoder:
         self._retire()
 
     def step(self) -> None:
-        """One pass for every live row, its newest token and its guess, and for the rows
-        joining (:meth:`join`), their prompt tokens."""
+        """One pass for every live row: its newest token and its guess."""
         import torch
-        import torch.nn.functional as F
 
-        if not self.rows:
+        if not self._rows:
             raise RuntimeError("BatchLookupDecoder.step: no row is writing")
-        writing, joining, self._joining = len(self._rows), self._joining, None
-        reach = 0  # how many columns the joining prompts take
-        if joining is not None:
-            count, reach = len(joining.rows), joining.tokens.shape[1]
-            opening_mask = torch.ones(count, joining.shared, dtype=self._mask.dtype)
-            # their next positions are set after the pass
-            self._stack(
-                joining.opening, opening_mask, torch.zeros(count, dtype=torch.long), joining.rows
-            )
         guesses = [
             row.index.guess(
                 row.prompt + row.tokens,
-                min(max(self.max_guess, reach - 1), row.limit - len(row.tokens)),
+                min(self.max_guess, row.limit - len(row.tokens)),
                 reply_start=len(row.prompt),
             )
-            for row in self._rows[:writing]
+            for row in self._rows
         ]
-        fed = [[row.tokens[-1], *g] for row, g in zip(self._rows[:writing], guesses, strict=True)]
-        width = max(reach, *(len(f) for f in fed))
-        inputs = torch.tensor([f + [self.pad_token_id] * (width - len(f)) for f in fed])
-        new_columns = torch.tensor(
-            [[1] * len(f) + [0] * (width - len(f)) for f in fed], dtype=self._mask.dtype
-        )
-        positions = self._next_position[:writing, None] + torch.arange(width)
-        # where each draw reads: every fed column of a writing row, the last prompt column of
-        # a joining one
-        wanted = [(j, i) for j, f in enumerate(fed) for i in range(len(f))]
-        if joining is not None:
-            spare = width - reach  # columns past the joining prompts: pads
-            inputs = torch.cat([inputs, F.pad(joining.tokens, (0, spare), value=self.pad_token_id)])
-            new_columns = torch.cat([new_columns, F.pad(joining.mask, (0, spare))])
-            after = joining.positions[:, -1:] + 1 + torch.arange(spare)
-            positions = torch.cat([positions, torch.cat([joining.positions, after], dim=1)])
-            wanted += [(writing + j, reach - 1) for j in range(count)]
+        fed = [[row.tokens[-1], *g] for row, g in zip(self._rows, guesses, strict=True)]
+        width = max(len(f) for f in fed)
+        inputs = [f + [self.pad_token_id] * (width - len(f)) for f in fed]
+        new_columns = [[1] * len(f) + [0] * (width - len(f)) for f in fed]
         base = self._mask.shape[1]
-        mask = torch.cat([self._mask, new_columns], dim=1)
+        mask = torch.cat([self._mask, torch.tensor(new_columns, dtype=self._mask.dtype)], dim=1)
         out = self.model.get_decoder()(
-            input_ids=inputs,
+            input_ids=torch.tensor(inputs),
             attention_mask=mask,
-            position_ids=positions,
+            position_ids=self._next_position[:, None] + torch.arange(width),
             past_key_values=self._cache,
             use_cache=True,
         )
         self.passes += 1
-        rows_at, columns_at = zip(*wanted, strict=True)
-        # the head only where a draw reads: it is 49k wide, and pads and prompt columns
-        # would cost as much as the rest of the pass
-        logits = self.model.get_output_embeddings()(
-            out.last_hidden_state[torch.tensor(rows_at), torch.tensor(columns_at)]
-        )
-        first_logit = [0] * len(self._rows)
-        for k in range(len(wanted) - 1, -1, -1):
-            first_logit[rows_at[k]] = k
+        # the head (49k wide) only on the columns a row was fed, not on pads
+        fed_at = [(j, i) for j, f in enumerate(fed) for i in range(len(f))]
+        rows_at, columns_at = (torch.tensor(c) for c in zip(*fed_at, strict=True))
+        logits = self.model.get_output_embeddings()(out.last_hidden_state[rows_at, columns_at])
+        first_logit = [0, *itertools.accumulate(len(f) for f in fed)]
 
-        def draw(j: int) -> tuple[int, int]:
-            """Row ``j`` draws: a joining row its first token; a writing row its positions in
-            order while its guess holds. Returns how many of the columns it was fed stay in
-            its cache, and how many guesses held."""
-            row, at = self._rows[j], first_logit[j]
-            if j >= writing:
-                row.tokens.append(draw_token(logits[at], row.temperature, row.generator))
-                return reach, 0
-            guess, kept = guesses[j], 0
+        def accept(j: int) -> tuple[int, int]:
+            """Row ``j`` draws its positions in order while its guess holds; returns how
+            many of the columns it was fed stay in its cache, and how many guesses held."""
+            row, guess = self._rows[j], guesses[j]
+            kept = 0
             for i in range(len(guess) + 1):
-                token = draw_token(logits[at + i], row.temperature, row.generator)
+                token = draw_token(logits[first_logit[j] + i], row.temperature, row.generator)
                 row.tokens.append(token)
                 if self._finished(row):
                     break
@@ -376,15 +314,12 @@ class BatchLookupDecoder:
                 kept += 1
             return 1 + kept, kept
 
-        for j, (columns, kept) in enumerate(self._each_row(draw, len(self._rows))):
+        for j, (columns, kept) in enumerate(self._each_row(accept, len(self._rows))):
             self.guessed += kept
             # the newest token and the right guesses keep their columns; the rest (wrong
             # guesses, pads) are hidden for good; the last token drawn comes next pass
             mask[j, base + columns :] = 0
-            if j >= writing:  # a joining row: its prompt's pads stay hidden, as they were
-                self._next_position[j] = joining.positions[j - writing, -1] + 1
-            else:
-                self._next_position[j] += columns
+            self._next_position[j] += columns
         self._mask = mask
         self._retire()
 
@@ -451,10 +386,6 @@ class BatchLookupDecoder:
 
 # hidden cache columns a batch keeps before rows joining it make it compact its cache
 _MAX_HIDDEN = 64
-# the most prompt tokens (after the cached opening) that rows joining a writing batch bring
-# into its next pass: the writing rows fill that width with guesses, which a long prompt
-# would stretch past what they can guess
-_MERGED_WIDTH = 32
 
 
 def _right_aligned(cache: Any, mask: Any) -> Any:
