@@ -338,3 +338,40 @@ def test_a_batch_projects_onto_the_vocabulary_only_the_columns_its_rows_were_fed
     steps = [(p, n) for p, (dims, n) in zip(passes, projected, strict=True) if dims == 2]
     assert steps and all(n == real for (_, real), n in steps)
     assert any(real < columns for (columns, real), _ in steps)  # some pass had pads
+
+
+@pytest.mark.parametrize("leaving", [[0], [4], [1, 3], [0, 1], [3, 4], [0, 2, 4], [0, 1, 2, 3, 4]])
+def test_rows_that_finish_leave_with_their_keys_values_mask_and_positions(leaving):
+    """The batch's last rows move into the places of rows that finish: every row that stays
+    keeps its own keys, values, mask and position, and the finished ones are reported."""
+    import torch
+    from transformers import DynamicCache
+
+    from conductor_pipeline.workers.lookup_decoding import BatchLookupDecoder, _Row
+
+    eos, rows = 2, 5
+    cache = DynamicCache()
+    for layer in range(3):  # row r's keys are all r, its values all -r
+        keys = torch.arange(rows, dtype=torch.float32).view(rows, 1, 1, 1).expand(rows, 2, 6, 4)
+        cache.update(keys.clone(), -keys.clone(), layer)
+    decoder = BatchLookupDecoder(None, eos, 0)
+    decoder._cache = cache
+    decoder._mask = torch.tensor([[1] * (6 - r) + [0] * r for r in range(rows)])
+    decoder._next_position = torch.arange(rows) * 10
+    decoder._rows = [
+        _Row(r, [1], 1.0, None, 8, None, [eos if r in leaving else 7]) for r in range(rows)
+    ]
+    with torch.inference_mode():
+        decoder._retire()
+    assert sorted(key for key, _ in decoder.pop_finished()) == leaving
+    staying = [row.key for row in decoder._rows]
+    assert sorted(staying) == [r for r in range(rows) if r not in leaving]
+    if not staying:
+        assert decoder._cache is None and decoder.rows == 0
+        return
+    for j, r in enumerate(staying):
+        for layer in decoder._cache.layers:
+            assert torch.all(layer.keys[j] == r) and torch.all(layer.values[j] == -r)
+        assert decoder._mask[j].sum() == 6 - r
+        assert decoder._next_position[j] == 10 * r
+    assert decoder._cache.layers[0].keys.shape[0] == len(staying) == decoder._mask.shape[0]

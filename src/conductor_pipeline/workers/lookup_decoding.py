@@ -169,7 +169,7 @@ class BatchLookupDecoder:
     plain decoding) and keeps its guess while it matches. Rejected guesses and pads stay in
     the cache, hidden by the mask from then on, so a ragged batch needs no crop; positions
     follow the mask, so a row's kept tokens stay contiguous. A finished row leaves the
-    batch, its keys and values with it. ``max_guess=0`` is plain decoding, one token a pass.
+    batch, its keys and values with it (the batch's last row takes its place). ``max_guess=0`` is plain decoding, one token a pass.
     With ``draw_threads`` (an executor) the rows draw side by side: a draw runs on one core,
     so a 16-row batch would otherwise leave the other cores idle between passes.
 
@@ -341,20 +341,29 @@ class BatchLookupDecoder:
         return row.tokens[-1] == self.eos_token_id or len(row.tokens) >= row.limit
 
     def _retire(self) -> None:
-        """Finished rows leave the batch, their keys and values with them."""
-        import torch
-
-        keep = [j for j, row in enumerate(self._rows) if not self._finished(row)]
-        if len(keep) == len(self._rows):
+        """Finished rows leave the batch, their keys and values with them: the last rows
+        move into their places and the batch is cut short, which copies one row per leaver
+        instead of the whole cache (a row's place in the batch changes nothing it computes)."""
+        size = len(self._rows)
+        leaving = [j for j, row in enumerate(self._rows) if self._finished(row)]
+        if not leaving:
             return
-        self._done.extend(row for row in self._rows if self._finished(row))
-        if not keep:
+        self._done.extend(self._rows[j] for j in leaving)
+        if len(leaving) == size:
             self._rows, self._cache, self._mask, self._next_position = [], None, None, None
             return
-        picked = torch.tensor(keep)
-        self._cache.batch_select_indices(picked)
-        self._mask, self._next_position = self._mask[picked], self._next_position[picked]
-        self._rows = [self._rows[j] for j in keep]
+        for j in reversed(leaving):  # from the end: a row moved in is never one leaving
+            size -= 1
+            if j == size:
+                continue
+            self._rows[j] = self._rows[size]
+            for layer in self._cache.layers:
+                layer.keys[j], layer.values[j] = layer.keys[size], layer.values[size]
+            self._mask[j], self._next_position[j] = self._mask[size], self._next_position[size]
+        del self._rows[size:]
+        for layer in self._cache.layers:
+            layer.keys, layer.values = layer.keys[:size], layer.values[:size]
+        self._mask, self._next_position = self._mask[:size], self._next_position[:size]
 
     def _stack(self, cache: Any, mask: Any, next_position: Any, rows: list[_Row]) -> None:
         """Put freshly prefilled rows under the live ones (or in their place when none)."""
