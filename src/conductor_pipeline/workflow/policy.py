@@ -11,7 +11,6 @@ stays cheap.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import threading
@@ -21,6 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from conductor_pipeline.workers.torch_thread import (
+    default_torch_threads,
+    in_torch_thread,
+    run_on_torch_thread,
+)
 
 # a conversation joining a continuous batch: (the caller's handle, messages, seed)
 JoiningRow = tuple[Any, list[dict[str, str]], int]
@@ -56,14 +61,9 @@ class LocalPolicy:
     machine shared with the sandbox's real worker, one thread each keeps the two processes
     from oversubscribing the cores, which slows both by far more than it saves.
 
-    All of its torch work (loading, warm-up, every generation) runs on one thread of its
-    own, whichever thread or event loop asks. OpenMP gives each thread that runs a parallel
-    torch operation its own team of worker threads, and once a process holds more of those
-    than it has cores, libgomp stops letting idle workers wait for the next operation
-    awake: each of the thousands of small operations in a decoding pass then pays to wake
-    them (measured on 2 cores: an element-wise op on a 144 x 576 tensor 0.03 ms on the first
-    thread, 0.16 ms anywhere once a second thread had run one; a single served request
-    0.50 s against 0.70 s, a 16-row batch 2.1 s against 2.6 s).
+    All of its torch work (loading, warm-up, every generation) runs on the process's torch
+    thread (:mod:`~conductor_pipeline.workers.torch_thread`), whichever thread or event loop
+    asks: torch operations run from several threads slow every one of them down.
     """
 
     def __init__(
@@ -107,14 +107,9 @@ class LocalPolicy:
         # fast a reply is written, never what it says
         self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
         self._draw_pool: Any = None  # see _draw_threads
-        # the one thread that runs its torch work (see _on_model_thread); started on first use
-        self._model_thread = ThreadPoolExecutor(
-            1, thread_name_prefix="conductor-model", initializer=self._note_model_thread
-        )
-        self._model_thread_id: int | None = None
 
     def load(self) -> None:
-        self._on_model_thread(self._load)
+        run_on_torch_thread(self._load)
 
     def _load(self) -> None:
         with self._load_lock:
@@ -191,7 +186,7 @@ class LocalPolicy:
         in tokens (0: the conversations share too little to be worth a cache)."""
         if not conversations:
             raise ValueError("LocalPolicy.warm_up: needs at least one conversation")
-        return self._on_model_thread(self._warm_up, conversations, max_tokens)
+        return run_on_torch_thread(self._warm_up, conversations, max_tokens)
 
     def _warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int) -> int:
         from conductor_pipeline.workers.local_model import encode_chat
@@ -215,7 +210,7 @@ class LocalPolicy:
     async def complete(
         self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
     ) -> PolicyCompletion:
-        return await self._in_model_thread(self._generate, messages, temperature, max_tokens, seed)
+        return await in_torch_thread(self._generate, messages, temperature, max_tokens, seed)
 
     async def complete_many(
         self,
@@ -235,7 +230,7 @@ class LocalPolicy:
             raise ValueError("complete_many: one seed per conversation")
         if not conversations:
             return []
-        return await self._in_model_thread(
+        return await in_torch_thread(
             self._generate_many, conversations, temperature, max_tokens, seeds
         )
 
@@ -291,7 +286,7 @@ class LocalPolicy:
         gets from :meth:`complete` (up to float rounding). Both callbacks run in the
         generation thread.
         """
-        await self._in_model_thread(
+        await in_torch_thread(
             self._generate_continuously, first, temperature, max_tokens, more, done
         )
 
@@ -435,9 +430,9 @@ class LocalPolicy:
     def _draw_threads(self) -> Any:
         """Threads for a batch's rows to draw their tokens side by side (None with one CPU
         thread, e.g. evaluation's ``torch_threads: 1``, which leaves the other core to the
-        sandbox worker). Call from the model thread. A draw thread runs torch with one
+        sandbox worker). Call from the torch thread. A draw thread runs torch with one
         thread: a draw needs no more, and an OpenMP team of its own would slow every thread
-        (see the class docstring)."""
+        (:mod:`~conductor_pipeline.workers.torch_thread`)."""
         import torch
 
         threads = self.torch_threads or torch.get_num_threads()
@@ -452,28 +447,11 @@ class LocalPolicy:
             )
         return self._draw_pool
 
-    def _on_model_thread(self, work: Callable[..., Any], *args: Any) -> Any:
-        """``work(*args)`` on the policy's model thread (inline when called from it), for the
-        reason the class docstring gives; its result or its exception."""
-        if threading.get_ident() == self._model_thread_id:
-            return work(*args)
-        return self._model_thread.submit(work, *args).result()
-
-    async def _in_model_thread(self, work: Callable[..., Any], *args: Any) -> Any:
-        """``work(*args)`` on the model thread without blocking the event loop."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._model_thread, work, *args)
-
-    def _note_model_thread(self) -> None:
-        self._model_thread_id = threading.get_ident()
-
     def _set_threads(self) -> None:
-        # per calling thread: generations run in worker threads, and OpenMP keeps the thread
-        # count per thread
-        if self.torch_threads:
-            import torch
+        # policies with different thread counts share the torch thread: each sets its own
+        import torch
 
-            torch.set_num_threads(self.torch_threads)
+        torch.set_num_threads(self.torch_threads or default_torch_threads())
 
     def _shared_prefix(self, rows: list[list[int]]) -> int:
         """How many leading tokens come from a cache: the kept opening when every row starts
