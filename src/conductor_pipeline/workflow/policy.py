@@ -11,6 +11,7 @@ stays cheap.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import threading
@@ -61,9 +62,10 @@ class LocalPolicy:
     machine shared with the sandbox's real worker, one thread each keeps the two processes
     from oversubscribing the cores, which slows both by far more than it saves.
 
-    All of its torch work (loading, warm-up, every generation) runs on the process's torch
-    thread (:mod:`~conductor_pipeline.workers.torch_thread`), whichever thread or event loop
-    asks: torch operations run from several threads slow every one of them down.
+    Its loading, warm-up and generations run on the process's torch thread
+    (:mod:`~conductor_pipeline.workers.torch_thread`), whichever thread or event loop asks:
+    parallel torch operations run from several threads slow every one of them down. A policy
+    on one CPU thread runs no parallel operation and generates in any thread.
     """
 
     def __init__(
@@ -210,7 +212,7 @@ class LocalPolicy:
     async def complete(
         self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
     ) -> PolicyCompletion:
-        return await in_torch_thread(self._generate, messages, temperature, max_tokens, seed)
+        return await self._in_thread(self._generate, messages, temperature, max_tokens, seed)
 
     async def complete_many(
         self,
@@ -230,7 +232,7 @@ class LocalPolicy:
             raise ValueError("complete_many: one seed per conversation")
         if not conversations:
             return []
-        return await in_torch_thread(
+        return await self._in_thread(
             self._generate_many, conversations, temperature, max_tokens, seeds
         )
 
@@ -286,7 +288,7 @@ class LocalPolicy:
         gets from :meth:`complete` (up to float rounding). Both callbacks run in the
         generation thread.
         """
-        await in_torch_thread(
+        await self._in_thread(
             self._generate_continuously, first, temperature, max_tokens, more, done
         )
 
@@ -446,6 +448,14 @@ class LocalPolicy:
                 initargs=(1,),
             )
         return self._draw_pool
+
+    async def _in_thread(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` off the event loop: on the torch thread, except for a policy on one
+        CPU thread, which starts no OpenMP team and may run in any thread (evaluation's
+        policies then generate side by side, as before)."""
+        if self.torch_threads == 1:
+            return await asyncio.to_thread(work, *args)
+        return await in_torch_thread(work, *args)
 
     def _set_threads(self) -> None:
         # policies with different thread counts share the torch thread: each sets its own
