@@ -27,8 +27,8 @@ figures on a small CPU):
   nor for a whole batch to finish before its own starts. A request that is alone in the
   server (nobody else in flight) takes the single-request path;
 - one batch generates at a time (the model and the CPU are shared); the generation itself
-  runs in a worker thread, so the event loop keeps answering other requests, probes and
-  streams meanwhile;
+  runs in another thread (the process's torch thread), so the event loop keeps answering
+  other requests, probes and streams meanwhile;
 - a request that is cancelled (client gone, timeout) leaves the queue, or, if its batch is
   already generating, its row's result is dropped; the other requests are not affected;
 - an exception from a batch fails exactly the requests in that batch that are still

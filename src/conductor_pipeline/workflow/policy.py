@@ -432,9 +432,8 @@ class LocalPolicy:
     def _draw_threads(self) -> Any:
         """Threads for a batch's rows to draw their tokens side by side (None with one CPU
         thread, e.g. evaluation's ``torch_threads: 1``, which leaves the other core to the
-        sandbox worker). Call from the torch thread. A draw thread runs torch with one
-        thread: a draw needs no more, and an OpenMP team of its own would slow every thread
-        (:mod:`~conductor_pipeline.workers.torch_thread`)."""
+        sandbox worker). A draw thread runs torch on one thread: an OpenMP team of its own
+        would slow every thread (:mod:`~conductor_pipeline.workers.torch_thread`)."""
         import torch
 
         threads = self.torch_threads or torch.get_num_threads()
@@ -450,9 +449,8 @@ class LocalPolicy:
         return self._draw_pool
 
     async def _in_thread(self, work: Callable[..., Any], *args: Any) -> Any:
-        """``work(*args)`` off the event loop: on the torch thread, except for a policy on one
-        CPU thread, which starts no OpenMP team and may run in any thread (evaluation's
-        policies then generate side by side, as before)."""
+        """``work(*args)`` off the event loop: on the torch thread, unless the policy runs on
+        one CPU thread (no OpenMP team: evaluation's policies generate side by side)."""
         if self.torch_threads == 1:
             return await asyncio.to_thread(work, *args)
         return await in_torch_thread(work, *args)
