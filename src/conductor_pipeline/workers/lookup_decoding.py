@@ -169,9 +169,10 @@ class BatchLookupDecoder:
     plain decoding) and keeps its guess while it matches. Rejected guesses and pads stay in
     the cache, hidden by the mask from then on, so a ragged batch needs no crop; positions
     follow the mask, so a row's kept tokens stay contiguous. A finished row leaves the
-    batch, its keys and values with it (the batch's last row takes its place). ``max_guess=0`` is plain decoding, one token a pass.
-    With ``draw_threads`` (an executor) the rows draw side by side: a draw runs on one core,
-    so a 16-row batch would otherwise leave the other cores idle between passes.
+    batch, its keys and values with it (the batch's last row takes its place).
+    ``max_guess=0`` is plain decoding, one token a pass. With ``draw_threads`` (an
+    executor) the rows draw side by side: a draw runs on one core, so a 16-row batch would
+    otherwise leave the other cores idle between passes.
 
     Rows that join are prefilled on their own pass, then stacked under the live ones, the
     narrower side padded on the left with hidden columns; when the live rows have piled up
