@@ -281,9 +281,10 @@ class LocalPolicy:
         batching, for the API's micro-batcher).
 
         ``first`` and what ``more(rows_writing)`` returns are ``(handle, messages, seed)``
-        (handles: distinct and hashable, e.g. the caller's request objects); ``more`` is asked before every pass. Each completion goes to ``done(handle, ...)`` as
-        soon as its row has finished, not when the batch does; its ``latency_s`` runs from
-        its row's joining. The call returns once no row is writing and ``more`` has nothing.
+        (handles: distinct and hashable, e.g. the caller's request objects); ``more`` is
+        asked before every pass. Each completion goes to ``done(handle, ...)`` as soon as its
+        row has finished, not when the batch does; its ``latency_s`` runs from its row's
+        joining. The call returns once no row is writing and ``more`` has nothing.
         Every row samples with its own seeded generator, so a conversation gets the text it
         gets from :meth:`complete` (up to float rounding). Both callbacks run in the
         generation thread.
