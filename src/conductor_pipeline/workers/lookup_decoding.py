@@ -93,16 +93,18 @@ def lookup_generate(
 
     ``cache`` is a transformers cache that already holds the first ``cached`` tokens of
     ``prompt`` (``0`` and an empty cache are fine) and is extended in place. ``sampler`` is a
-    one-row :class:`~conductor_pipeline.workers.local_model.RowSampler`: called once per
-    position, in order, as in plain decoding. ``history``: earlier replies to guess from.
+    one-row :class:`~conductor_pipeline.workers.local_model.RowSampler`: its generator draws
+    once per position, in order, as in plain decoding. ``history``: earlier replies to guess
+    from.
     """
     import torch
 
     if not 0 <= cached < len(prompt):
         raise ValueError(f"lookup_generate: {cached} cached tokens of a {len(prompt)}-token prompt")
+    temperature, generator = sampler.temperatures[0], sampler.generators[0]
 
     def draw(logits: Any) -> int:
-        return int(torch.argmax(sampler(None, logits.float().unsqueeze(0))[0]))
+        return draw_token(logits, temperature, generator)
 
     def forward(ids: Sequence[int], keep: int) -> Any:
         out = model(
