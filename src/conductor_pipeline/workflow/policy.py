@@ -62,10 +62,9 @@ class LocalPolicy:
     machine shared with the sandbox's real worker, one thread each keeps the two processes
     from oversubscribing the cores, which slows both by far more than it saves.
 
-    Its loading, warm-up and generations run on the process's torch thread
-    (:mod:`~conductor_pipeline.workers.torch_thread`), whichever thread or event loop asks:
-    parallel torch operations run from several threads slow every one of them down. A policy
-    on one CPU thread runs no parallel operation and generates in any thread.
+    Loading, warm-up and generation run on the process's torch thread, whichever thread asks
+    (:mod:`~conductor_pipeline.workers.torch_thread` says why); on one CPU thread a policy
+    runs no parallel operation and generates in any thread.
     """
 
     def __init__(
