@@ -302,21 +302,21 @@ def test_every_row_keeps_its_positions_in_step_with_its_visible_columns(
     assert max(checked) == 4  # the joining rows wrote beside the first two
 
 
-def test_a_batch_projects_onto_the_vocabulary_only_the_columns_its_rows_were_fed(local_policy):
-    """Rows guess different lengths and are padded to the longest; the head (49k wide) runs
-    on the fed columns only, not on the pads."""
+def test_a_batch_pass_feeds_and_projects_only_the_tokens_its_rows_were_fed(local_policy):
+    """Rows guess different lengths: a decoding pass feeds the model their tokens packed, no
+    pads (the padded layout is only attention's), and the head (49k wide) projects exactly
+    those tokens."""
     import asyncio
 
     policy = local_policy
     model = policy._model
-    passes = []  # (columns in the pass, columns fed rather than padded)
+    passes = []  # (tokens fed, rows x width of the padded layout)
     projected = []  # (dimensions of the head's input, positions it projects)
 
     def count_fed(_, args, kwargs) -> None:  # noqa: ANN001
-        width = kwargs["input_ids"].shape[1]
-        passes.append(
-            (kwargs["input_ids"].numel(), int(kwargs["attention_mask"][:, -width:].sum()))
-        )
+        mask = kwargs["attention_mask"]
+        padded = mask.shape[0] * mask.shape[2] if mask.dim() == 4 else None
+        passes.append((kwargs["input_ids"].numel(), padded))
 
     hooks = [
         model.get_decoder().register_forward_pre_hook(count_fed, with_kwargs=True),
@@ -336,8 +336,37 @@ def test_a_batch_projects_onto_the_vocabulary_only_the_columns_its_rows_were_fed
     assert len(projected) == len(passes)
     # decoding passes (the prompts' passes project each row's last position: 3-d input)
     steps = [(p, n) for p, (dims, n) in zip(passes, projected, strict=True) if dims == 2]
-    assert steps and all(n == real for (_, real), n in steps)
-    assert any(real < columns for (columns, real), _ in steps)  # some pass had pads
+    assert steps and all(fed == n and padded is not None for (fed, padded), n in steps)
+    assert any(fed < padded for (fed, padded), _ in steps)  # rows fed different lengths
+
+
+def test_packed_and_padded_passes_give_the_same_tokens(local_policy):
+    """The packed pass is an implementation detail: forced back to padded passes, a batch
+    writes the same tokens (and the packed pass really is the one used by default)."""
+    import torch
+
+    from conductor_pipeline.workers import lookup_decoding
+    from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+
+    policy = local_policy
+    rows = [encode_chat(policy._tokenizer, c)[0] for c in _batch_conversations()]
+
+    def decode(packed: bool) -> list[list[int]]:
+        decoder = lookup_decoding.BatchLookupDecoder(
+            policy._model, policy._tokenizer.eos_token_id, policy._tokenizer.pad_token_id, 8
+        )
+        assert decoder._packed  # the real model attends with the grouped SDPA
+        decoder._packed = packed
+        input_ids, attention_mask, shared = policy._padded(rows)
+        sampler = RowSampler([1.0] * len(rows), [5, 6, 7, 8, 9])
+        with torch.inference_mode():
+            cache = policy._prefix_cache(rows[0][:shared], len(rows)) if shared else None
+            decoder.join(input_ids, attention_mask, cache, shared, sampler, 30, range(len(rows)))
+            while decoder.rows:
+                decoder.step()
+        return [tokens for _, tokens in sorted(decoder.pop_finished())]
+
+    assert decode(True) == decode(False)
 
 
 @pytest.mark.parametrize("leaving", [[0], [4], [1, 3], [0, 1], [3, 4], [0, 2, 4], [0, 1, 2, 3, 4]])

@@ -1,11 +1,77 @@
-"""Attention for the Conductor's padded batches: transformers' SDPA attention, except that
-grouped keys and values reach the kernel uncopied (:func:`use_grouped_attention`)."""
+"""Attention for the Conductor's batches: transformers' SDPA attention, except that grouped
+keys and values reach the kernel uncopied (:func:`use_grouped_attention`), and that a batch
+can be fed packed (:class:`PackedRows`)."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 _GROUPED_SDPA = "conductor_grouped_sdpa"
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Where the tokens of a packed pass sit in the padded batch they stand for.
+
+    A batched decoding pass feeds each row a different number of tokens (its newest token
+    and its guess). Padded, every row gets as many columns as the longest, and the
+    projections and the MLP, nearly all of a pass's arithmetic, also run on the pads: in a
+    16-row batch about a sixth of them. Packed, the rows' tokens go in as one sequence
+    ``(1, tokens)``; only attention, which needs each row's own keys, sees the padded
+    layout ``(rows, width)``: the new keys and values are unpacked into it before they join
+    the cache (:func:`packed_cache`), the queries before the kernel and the outputs packed
+    again after it (:func:`_grouped_sdpa`). Pads get zero keys that the mask hides.
+
+    ``rows_at[t]``, ``columns_at[t]``: the row and column of packed token ``t``."""
+
+    rows_at: Any  # (tokens,) long tensor
+    columns_at: Any  # (tokens,) long tensor
+    rows: int
+    width: int
+
+    def unpack(self, packed: Any) -> Any:
+        """``(1, heads, tokens, dim)`` -> ``(rows, heads, width, dim)``, zeros at the pads."""
+        heads, dim = packed.shape[1], packed.shape[3]
+        padded = packed.new_zeros(self.rows, self.width, heads, dim)
+        padded[self.rows_at, self.columns_at] = packed[0].transpose(0, 1)
+        return padded.transpose(1, 2)
+
+    def pack(self, padded: Any) -> Any:
+        """``(rows, width, heads, dim)`` -> ``(1, tokens, heads, dim)``."""
+        return padded[self.rows_at, self.columns_at].unsqueeze(0)
+
+
+def packed_cache(cache: Any, packed_rows: PackedRows) -> Any:
+    """A view of ``cache`` (a ``DynamicCache``) for one packed pass: the same layers, so
+    what the pass adds lands in ``cache``, but each layer's new keys and values are
+    unpacked to the padded layout first."""
+    return _packed_cache_class()(cache.layers, packed_rows)
+
+
+def supports_packed_rows(model: Any) -> bool:
+    """Whether ``model`` attends with :func:`_grouped_sdpa`, the one attention that reads
+    ``packed_rows`` (any other would ignore it and mix the rows up)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == _GROUPED_SDPA
+
+
+@functools.cache
+def _packed_cache_class() -> type:
+    from transformers import DynamicCache
+
+    class PackedCache(DynamicCache):
+        def __init__(self, layers: list[Any], packed_rows: PackedRows) -> None:
+            super().__init__()
+            self.layers = layers  # shared: updates reach the padded cache
+            self.packed_rows = packed_rows
+
+        def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any) -> Any:
+            unpack = self.packed_rows.unpack
+            return super().update(unpack(key_states), unpack(value_states), layer_idx, *args)
+
+    return PackedCache
 
 
 def _grouped_sdpa(
@@ -17,15 +83,19 @@ def _grouped_sdpa(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
+    packed_rows: PackedRows | None = None,
     **kwargs: Any,
 ) -> tuple[Any, None]:
     """transformers' SDPA attention, except that grouped keys and values (SmolLM2: 3 key/value
     heads for 9 query heads) reach the kernel as they are, also under a padding mask.
     transformers copies them to one per query head whenever a mask is given, i.e. in every
     padded batch; on a CPU that copy was 30 % of a 16-row decode step (the same values: the
-    kernel groups the heads itself, as transformers already has it do without a mask)."""
+    kernel groups the heads itself, as transformers already has it do without a mask).
+    With ``packed_rows`` the queries come packed and the output goes back packed."""
     import torch
 
+    if packed_rows is not None:
+        query = packed_rows.unpack(query)
     q_length, kv_length = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(q_length > 1 and attention_mask is None and causal)
@@ -40,8 +110,10 @@ def _grouped_sdpa(
         scale=scaling,
         is_causal=causal,
         enable_gqa=getattr(module, "num_key_value_groups", 1) > 1,
-    )
-    return out.transpose(1, 2).contiguous(), None
+    ).transpose(1, 2)
+    if packed_rows is not None:
+        return packed_rows.pack(out), None
+    return out.contiguous(), None
 
 
 def use_grouped_attention(model: Any) -> None:

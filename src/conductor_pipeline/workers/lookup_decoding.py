@@ -26,6 +26,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from conductor_pipeline.workers.grouped_attention import (
+    PackedRows,
+    packed_cache,
+    supports_packed_rows,
+)
 from conductor_pipeline.workers.token_draw import draw_token
 
 # n-gram lengths tried for a match, longest first: a one-token match guesses too poorly to
@@ -199,6 +204,7 @@ class BatchLookupDecoder:
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_guess = max_guess
+        self._packed = supports_packed_rows(model)  # else padded passes
         self.passes = 0  # decoding passes, prompt passes not counted
         self.prompt_passes = 0  # passes over the prompts of joining rows
         self.guessed = 0  # guessed tokens kept, all rows together
@@ -284,22 +290,35 @@ class BatchLookupDecoder:
         ]
         fed = [[row.tokens[-1], *g] for row, g in zip(self._rows, guesses, strict=True)]
         width = max(len(f) for f in fed)
-        inputs = [f + [self.pad_token_id] * (width - len(f)) for f in fed]
         new_columns = [[1] * len(f) + [0] * (width - len(f)) for f in fed]
         base = self._mask.shape[1]
         mask = torch.cat([self._mask, torch.tensor(new_columns, dtype=self._mask.dtype)], dim=1)
-        out = self.model.get_decoder()(
-            input_ids=torch.tensor(inputs),
-            attention_mask=mask,
-            position_ids=self._next_position[:, None] + torch.arange(width),
-            past_key_values=self._cache,
-            use_cache=True,
-        )
-        self.passes += 1
-        # the head (49k wide) only on the columns a row was fed, not on pads
         fed_at = [(j, i) for j, f in enumerate(fed) for i in range(len(f))]
         rows_at, columns_at = (torch.tensor(c) for c in zip(*fed_at, strict=True))
-        logits = self.model.get_output_embeddings()(out.last_hidden_state[rows_at, columns_at])
+        if self._packed:
+            # the rows' tokens as one sequence, no pads (PackedRows says why)
+            packed_rows = PackedRows(rows_at, columns_at, len(fed), width)
+            out = self.model.get_decoder()(
+                input_ids=torch.tensor([list(itertools.chain.from_iterable(fed))]),
+                attention_mask=_step_mask(mask, width),
+                position_ids=(self._next_position[rows_at] + columns_at)[None],
+                past_key_values=packed_cache(self._cache, packed_rows),
+                use_cache=True,
+                packed_rows=packed_rows,
+            )
+            hidden = out.last_hidden_state[0]
+        else:
+            inputs = [f + [self.pad_token_id] * (width - len(f)) for f in fed]
+            out = self.model.get_decoder()(
+                input_ids=torch.tensor(inputs),
+                attention_mask=mask,
+                position_ids=self._next_position[:, None] + torch.arange(width),
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+            hidden = out.last_hidden_state[rows_at, columns_at]  # the fed columns, no pads
+        self.passes += 1
+        logits = self.model.get_output_embeddings()(hidden)  # 49k wide: fed columns only
         first_logit = [0, *itertools.accumulate(len(f) for f in fed)]
 
         def accept(j: int) -> tuple[int, int]:
@@ -398,6 +417,17 @@ class BatchLookupDecoder:
 
 # hidden cache columns a batch keeps before rows joining it make it compact its cache
 _MAX_HIDDEN = 64
+
+
+def _step_mask(mask: Any, width: int) -> Any:
+    """The attention mask of a decoding pass, ``(rows, 1, width, columns)``: the ``width``
+    new columns are the last of ``mask`` (rows, columns; 1: visible); new column ``i``
+    sees the visible columns up to itself, as transformers builds it from ``mask``."""
+    import torch
+
+    rows, columns = mask.shape
+    causal = torch.ones(width, columns, dtype=torch.bool).tril(columns - width)
+    return mask.bool()[:, None, None, :] & causal
 
 
 def _right_aligned(cache: Any, mask: Any) -> Any:
