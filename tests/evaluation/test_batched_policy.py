@@ -104,3 +104,30 @@ def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model_dir, t
     assert [c.text for c in batch] == [c.text for c in single]
     assert [c.prompt_tokens for c in batch] == [c.prompt_tokens for c in single]
     assert later[0].text == single[1].text
+
+
+def test_the_kept_opening_is_never_written_to(tiny_model_dir):
+    """Batches and single requests start from views of the kept opening's keys and values,
+    not copies: rows that finish early (the batch moves rows into their places, in place)
+    and single requests that crop their guesses must leave the kept tensors as they were."""
+    policy = LocalPolicy(model_dir=tiny_model_dir, lookup_tokens=4)
+
+    import torch
+
+    def kept_tensors() -> list:
+        return [t.clone() for layer in policy._prefix[1].layers for t in (layer.keys, layer.values)]
+
+    async def go():
+        await policy.complete_many(SHARED, temperature=1.0, max_tokens=12, seeds=[1, 2, 3])
+        before = kept_tensors()
+        for seed in range(3):
+            await policy.complete_many(
+                SHARED, temperature=1.0, max_tokens=12, seeds=[seed, seed + 5, seed + 9]
+            )
+            await policy.complete(SHARED[0], temperature=1.0, max_tokens=12, seed=seed)
+        return before
+
+    before = asyncio.run(go())
+    assert policy.prefix_hits == 3
+    after = kept_tensors()
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

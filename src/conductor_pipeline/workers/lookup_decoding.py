@@ -406,11 +406,9 @@ class BatchLookupDecoder:
         new_mask = mask  # fresh from its prompt pass: hidden columns are pads only
         width = max(live_mask.shape[1], new_mask.shape[1])
         for live, new in zip(self._cache.layers, cache.layers, strict=True):
-            live.keys = torch.cat([_left_padded(live.keys, width), _left_padded(new.keys, width)])
-            live.values = torch.cat(
-                [_left_padded(live.values, width), _left_padded(new.values, width)]
-            )
-        self._mask = torch.cat([_left_padded(live_mask, width), _left_padded(new_mask, width)])
+            live.keys = _stacked(live.keys, new.keys, width)
+            live.values = _stacked(live.values, new.values, width)
+        self._mask = _stacked(live_mask, new_mask, width)
         self._next_position = torch.cat([self._next_position, next_position])
         self._rows = [*self._rows, *rows]
 
@@ -445,14 +443,17 @@ def _right_aligned(cache: Any, mask: Any) -> Any:
     return mask.gather(1, order)
 
 
-def _left_padded(tensor: Any, width: int) -> Any:
-    """``tensor`` with zero columns added on the left of its column dimension (-1 for a mask,
-    -2 for keys and values) up to ``width`` columns."""
-    import torch.nn.functional as F
-
-    if tensor.dim() == 2:
-        return F.pad(tensor, (width - tensor.shape[1], 0))
-    return F.pad(tensor, (0, 0, width - tensor.shape[2], 0))
+def _stacked(top: Any, bottom: Any, width: int) -> Any:
+    """``top``'s rows over ``bottom``'s, each right-aligned in ``width`` columns (the column
+    dimension: -1 for a mask, -2 for keys and values), zeros on the left: one copy of each,
+    where padding each and concatenating would copy the live cache twice."""
+    dim = -1 if top.dim() == 2 else -2
+    shape = list(top.shape)
+    shape[0], shape[dim] = top.shape[0] + bottom.shape[0], width
+    out = top.new_zeros(shape)
+    out[: top.shape[0]].narrow(dim, width - top.shape[dim], top.shape[dim]).copy_(top)
+    out[top.shape[0] :].narrow(dim, width - bottom.shape[dim], bottom.shape[dim]).copy_(bottom)
+    return out
 
 
 def lookup_decode_batch(

@@ -58,9 +58,8 @@ class LocalPolicy:
     ``model_dir`` is a Hugging Face model folder; ``None`` means the SmolLM2 copy that
     :func:`conductor_pipeline.workers.local_model.load_smollm2` prepares offline.
     ``adapter_dir`` is a PEFT LoRA adapter folder trained on top of it. ``torch_threads``
-    caps torch's CPU threads for its generations (``None``: torch's default); on a small
-    machine shared with the sandbox's real worker, one thread each keeps the two processes
-    from oversubscribing the cores, which slows both by far more than it saves.
+    caps torch's CPU threads (``None``: torch's default); one thread each keeps it and the
+    sandbox's real worker from oversubscribing a small machine's cores.
 
     Loading, warm-up and generation run on the process's torch thread, whichever thread asks
     (:mod:`~conductor_pipeline.workers.torch_thread` says why); on one CPU thread a policy
@@ -221,12 +220,9 @@ class LocalPolicy:
         max_tokens: int,
         seeds: list[int],
     ) -> list[PolicyCompletion]:
-        """Several completions in one batched ``generate`` (higher CPU throughput).
-
-        Each row samples from its own ``torch.Generator`` seeded with its seed, so a row's
-        text does not depend on which other rows share its batch (up to float rounding of
-        the padded batch). ``latency_s`` is the batch's wall time.
-        """
+        """Several completions in one batch (higher CPU throughput). Each row samples with
+        its own generator seeded with its seed, so a row's text does not depend on which
+        other rows share its batch (up to float rounding). ``latency_s``: the batch's time."""
         if len(seeds) != len(conversations):
             raise ValueError("complete_many: one seed per conversation")
         if not conversations:
@@ -402,13 +398,9 @@ class LocalPolicy:
         """Sample up to ``max_tokens`` tokens per row of a padded batch whose first ``shared``
         tokens are in ``cache``; a row's list ends with the end token when it wrote one.
 
-        ``generate`` without its batch bookkeeping, by batched lookup decoding
-        (:func:`~conductor_pipeline.workers.lookup_decoding.lookup_decode_batch`): each pass
-        checks every row's own guess of its next ``lookup_tokens`` tokens, each row draws
-        with its own sampler (:class:`RowSampler`: the same draws, so the same text), and a
-        row that has finished leaves the batch, its keys and values with it. ``generate``
-        would run every row until the longest is done, and one Conductor sample that
-        rambles on to the token limit made a batch of short workflows cost twice its length.
+        Batched lookup decoding (:mod:`~conductor_pipeline.workers.lookup_decoding`): each
+        row draws with its own sampler (the same draws, so the same text) and leaves the
+        batch when done, where ``generate`` would run every row as long as the longest.
         """
         from conductor_pipeline.workers.lookup_decoding import lookup_decode_batch
 
@@ -472,19 +464,25 @@ class LocalPolicy:
         return common if common >= _MIN_SHARED_PREFIX and len(rows) > 1 else 0
 
     def _prefix_cache(self, prefix: list[int], batch: int) -> Any:
-        """A fresh copy of the key/value cache of ``prefix``, repeated for ``batch`` rows
-        (computed on first use, then kept for the next batch with the same opening)."""
-        import copy
-
+        """The keys and values of ``prefix`` for ``batch`` rows (computed on first use, then
+        kept): views of the kept tensors, not copies; a pass appends by concatenation, into
+        new tensors, so nothing writes to the kept opening."""
         import torch
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
         key = tuple(prefix)
         if self._prefix is None or self._prefix[0] != key:
             out = self._model(input_ids=torch.tensor([prefix]), use_cache=True)
             self._prefix = (key, out.past_key_values)
-        cache = copy.deepcopy(self._prefix[1])
-        if batch > 1:
-            cache.batch_repeat_interleave(batch)
+        cache = DynamicCache()
+        cache.layers = []
+        for kept in self._prefix[1].layers:
+            layer = DynamicLayer()
+            layer.lazy_initialization(kept.keys, kept.values)
+            layer.keys = kept.keys.expand(batch, -1, -1, -1)
+            layer.values = kept.values.expand(batch, -1, -1, -1)
+            cache.layers.append(layer)
         return cache
 
 
