@@ -1,0 +1,65 @@
+"""Packed batches and in-place cache appends (workers/grouped_attention.py), without a
+model: the real-model equivalence is in test_lookup_decoding.py."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def test_packed_rows_unpack_to_the_padded_layout_and_pack_back():
+    from conductor_pipeline.workers.grouped_attention import PackedRows
+
+    lengths = [3, 1, 2]  # tokens fed to each row; the padded layout is 3 rows x 3 columns
+    at = [(j, i) for j, n in enumerate(lengths) for i in range(n)]
+    rows_at, columns_at = (torch.tensor(c) for c in zip(*at, strict=True))
+    packed_rows = PackedRows(rows_at, columns_at, rows=3, width=3)
+    packed = torch.arange(1, 1 + 2 * 6 * 4, dtype=torch.float32).view(1, 2, 6, 4)  # 2 heads
+
+    padded = packed_rows.unpack(packed)
+    assert padded.shape == (3, 2, 3, 4)
+    for t, (j, i) in enumerate(at):
+        assert torch.equal(padded[j, :, i], packed[0, :, t])
+    assert padded[1, :, 1:].abs().sum() == 0 and padded[2, :, 2].abs().sum() == 0  # pads
+    assert torch.equal(packed_rows.pack(padded.transpose(1, 2)), packed.transpose(1, 2))
+
+
+def test_appends_in_place_match_concatenation_through_retirements_and_new_tensors(
+    monkeypatch,
+):
+    """Columns appended into a layer's spare room read back as transformers' concatenation
+    would give them, when rows leave (the layer's tensors cut to fewer rows), when a pass
+    outgrows the room, and when the layer's tensors are replaced (the cache compacted)."""
+    from transformers.cache_utils import DynamicLayer
+
+    from conductor_pipeline.workers import grouped_attention
+    from conductor_pipeline.workers.grouped_attention import _append
+
+    monkeypatch.setattr(grouped_attention, "_SPARE_COLUMNS", 4)
+    generator = torch.Generator().manual_seed(0)
+
+    def columns(rows: int, n: int) -> torch.Tensor:
+        return torch.randn(rows, 2, n, 3, generator=generator)
+
+    layer = DynamicLayer()
+    start_keys, start_values = columns(4, 5), columns(4, 5)
+    layer.lazy_initialization(start_keys, start_values)
+    layer.keys, layer.values = start_keys, start_values
+    expected_keys, expected_values = start_keys, start_values
+    buffers = set()
+    for step, (rows, n) in enumerate([(4, 2), (4, 1), (3, 3), (3, 2), (3, 1), (3, 6), (2, 1)]):
+        if step == 4:  # the cache compacted: new tensors (two columns fewer), not views
+            layer.keys, layer.values = layer.keys[:, :, 2:].clone(), layer.values[:, :, 2:].clone()
+            expected_keys, expected_values = expected_keys[:, :, 2:], expected_values[:, :, 2:]
+        if rows < layer.keys.shape[0]:  # a row left: the batch is cut short
+            layer.keys, layer.values = layer.keys[:rows], layer.values[:rows]
+            expected_keys, expected_values = expected_keys[:rows], expected_values[:rows]
+        keys, values = columns(rows, n), columns(rows, n)
+        got_keys, got_values = _append(layer, keys, values)
+        expected_keys = torch.cat([expected_keys, keys], dim=-2)
+        expected_values = torch.cat([expected_values, values], dim=-2)
+        assert torch.equal(got_keys, expected_keys) and torch.equal(got_values, expected_values)
+        assert got_keys is layer.keys and got_values is layer.values
+        buffers.add(layer.room[0].data_ptr())
+    assert 1 < len(buffers) < 7  # appends reuse the room until it runs out or is replaced
