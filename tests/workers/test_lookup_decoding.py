@@ -333,10 +333,12 @@ def test_a_batch_pass_feeds_and_projects_only_the_tokens_its_rows_were_fed(local
     finally:
         for hook in hooks:
             hook.remove()
-    assert len(projected) == len(passes)
-    # decoding passes (the prompts' passes project each row's last position: 3-d input)
-    steps = [(p, n) for p, (dims, n) in zip(passes, projected, strict=True) if dims == 2]
-    assert steps and all(fed == n and padded is not None for (fed, padded), n in steps)
+    assert len(projected) == len(passes) and all(dims == 2 for dims, _ in projected)
+    prompts = [(p, n) for p, (_, n) in zip(passes, projected, strict=True) if p[1] is None]
+    steps = [(p, n) for p, (_, n) in zip(passes, projected, strict=True) if p[1] is not None]
+    # the prompts' pass projects each row's last position, as one matrix (rows x hidden)
+    assert [n for _, n in prompts] == [len(_batch_conversations())]
+    assert steps and all(fed == n for (fed, _), n in steps)
     assert any(fed < padded for (fed, padded), _ in steps)  # rows fed different lengths
 
 

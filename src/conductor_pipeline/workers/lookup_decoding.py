@@ -256,18 +256,20 @@ class BatchLookupDecoder:
             return
         # positions follow the mask (pads take none), as generate computes them
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
+        out = self.model.get_decoder()(
             input_ids=input_ids[:, shared:],
             attention_mask=attention_mask,
             position_ids=positions[:, shared:],
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
         )
         self.prompt_passes += 1
+        # the head on each row's last position, as one matrix: given (rows, 1, hidden), as
+        # the model's own head would be, torch multiplies row by row, reading the 49k-wide
+        # weight once per row (47 ms instead of 8 for 16 rows)
+        logits = self.model.get_output_embeddings()(out.last_hidden_state[:, -1])
         first = self._each_row(
-            lambda j: draw_token(out.logits[j, -1], rows[j].temperature, rows[j].generator),
-            len(rows),
+            lambda j: draw_token(logits[j], rows[j].temperature, rows[j].generator), len(rows)
         )
         for row, token in zip(rows, first, strict=True):
             row.tokens.append(token)
