@@ -63,3 +63,30 @@ def test_appends_in_place_match_concatenation_through_retirements_and_new_tensor
         assert got_keys is layer.keys and got_values is layer.values
         buffers.add(layer.room[0].data_ptr())
     assert 1 < len(buffers) < 7  # appends reuse the room until it runs out or is replaced
+
+
+def test_stacked_rows_are_right_aligned_over_zeros_and_keep_room_for_appends():
+    from transformers.cache_utils import DynamicLayer
+
+    from conductor_pipeline.workers.grouped_attention import _append, stack_rows
+
+    live_keys, live_values = torch.randn(2, 2, 5, 3), torch.randn(2, 2, 5, 3)
+    new_keys, new_values = torch.randn(3, 2, 4, 3), torch.randn(3, 2, 4, 3)
+    layer = DynamicLayer()
+    layer.lazy_initialization(live_keys, live_values)
+    layer.keys, layer.values = live_keys, live_values
+
+    stack_rows(layer, new_keys, new_values, width=6)
+    for got, live, new in (
+        (layer.keys, live_keys, new_keys),
+        (layer.values, live_values, new_values),
+    ):
+        assert got.shape == (5, 2, 6, 3)
+        assert torch.equal(got[:2, :, 1:], live) and got[:2, :, :1].abs().sum() == 0
+        assert torch.equal(got[2:, :, 2:], new) and got[2:, :, :2].abs().sum() == 0
+    stacked_keys = layer.keys.clone()
+    buffer = layer.room[0].data_ptr()
+    added = torch.randn(5, 2, 2, 3)
+    keys, _ = _append(layer, added, added)
+    assert layer.room[0].data_ptr() == buffer  # the append used the room stacking left
+    assert torch.equal(keys, torch.cat([stacked_keys, added], dim=-2))

@@ -102,6 +102,24 @@ def _append(layer: Any, keys: Any, values: Any) -> tuple[Any, Any]:
     return layer.keys, layer.values
 
 
+def stack_rows(layer: Any, keys: Any, values: Any, width: int) -> None:
+    """Put new rows' ``keys`` and ``values`` under ``layer``'s rows, each row right-aligned
+    in ``width`` columns with hidden zeros on its left, in new buffers with room for the
+    next passes' appends (:func:`_append`): each side is copied once."""
+    rows = layer.keys.shape[0] + keys.shape[0]
+    shape = (rows, keys.shape[1], width + _SPARE_COLUMNS, keys.shape[3])
+    room = []
+    for top, bottom in ((layer.keys, keys), (layer.values, values)):
+        buffer = top.new_empty(shape)
+        for part, at in ((top, slice(0, top.shape[0])), (bottom, slice(top.shape[0], rows))):
+            pads = width - part.shape[2]
+            buffer[at, :, :pads] = 0
+            buffer[at, :, pads:width] = part
+        room.append(buffer)
+    layer.room = (room[0], room[1])
+    layer.keys, layer.values = room[0][:, :, :width], room[1][:, :, :width]
+
+
 # columns a layer's buffers keep free for the next passes (a pass adds up to 9)
 _SPARE_COLUMNS = 64
 

@@ -29,6 +29,7 @@ from typing import Any
 from conductor_pipeline.workers.grouped_attention import (
     PackedRows,
     packed_cache,
+    stack_rows,
     supports_packed_rows,
 )
 from conductor_pipeline.workers.token_draw import draw_token
@@ -408,8 +409,7 @@ class BatchLookupDecoder:
         new_mask = mask  # fresh from its prompt pass: hidden columns are pads only
         width = max(live_mask.shape[1], new_mask.shape[1])
         for live, new in zip(self._cache.layers, cache.layers, strict=True):
-            live.keys = _stacked(live.keys, new.keys, width)
-            live.values = _stacked(live.values, new.values, width)
+            stack_rows(live, new.keys, new.values, width)
         self._mask = _stacked(live_mask, new_mask, width)
         self._next_position = torch.cat([self._next_position, next_position])
         self._rows = [*self._rows, *rows]
@@ -446,16 +446,12 @@ def _right_aligned(cache: Any, mask: Any) -> Any:
 
 
 def _stacked(top: Any, bottom: Any, width: int) -> Any:
-    """``top``'s rows over ``bottom``'s, each right-aligned in ``width`` columns (the column
-    dimension: -1 for a mask, -2 for keys and values), zeros on the left: one copy of each,
-    where padding each and concatenating would copy the live cache twice."""
-    dim = -1 if top.dim() == 2 else -2
-    shape = list(top.shape)
-    shape[0], shape[dim] = top.shape[0] + bottom.shape[0], width
-    out = top.new_zeros(shape)
-    out[: top.shape[0]].narrow(dim, width - top.shape[dim], top.shape[dim]).copy_(top)
-    out[top.shape[0] :].narrow(dim, width - bottom.shape[dim], bottom.shape[dim]).copy_(bottom)
-    return out
+    """Mask ``top``'s rows over ``bottom``'s, each right-aligned in ``width`` columns, hidden
+    columns (zeros) on the left."""
+    import torch
+    import torch.nn.functional as F
+
+    return torch.cat([F.pad(m, (width - m.shape[1], 0)) for m in (top, bottom)])
 
 
 def lookup_decode_batch(
