@@ -46,21 +46,21 @@ def test_a_tie_goes_to_the_first_index_and_zero_temperature_is_greedy():
             scores, 1.0, torch.Generator().manual_seed(seed)
         )
     generator = row_generator(3)
-    before = generator.state["state"]["pos"]
+    before = generator.bit_generator.state["state"]["pos"]
     assert draw_token(torch.tensor([0.1, 2.0, 2.0, -1.0]), 0.0, generator) == 1
-    assert generator.state["state"]["pos"] == before  # greedy draws no noise
+    assert generator.bit_generator.state["state"]["pos"] == before  # greedy draws no noise
 
 
 def test_a_zero_uniform_is_handled_as_torch_divides_by_zero(monkeypatch):
     """Odds 2^-53 an entry: force one to check the exact path agrees with torch's rule (a
     zero noise makes its ratio infinite, so that entry wins)."""
     generator = row_generator(1)
-    raw = generator.random_raw(8)
+    raw = generator.integers(0, 2**32, size=8, dtype=np.uint32)
     raw[4:6] = 0  # the third entry's uniform is zero
 
     class Replay:
-        def random_raw(self, n):
-            assert n == 8
+        def integers(self, low, high, size, dtype):  # noqa: ANN001, ANN202
+            assert (low, high, size, dtype) == (0, 2**32, 8, np.uint32)
             return raw.copy()
 
     scores = torch.tensor([5.0, 4.0, 0.0, 1.0])
