@@ -14,7 +14,7 @@ raw outputs in one vectorised call and computes the logarithm only where it can 
 entry beats the most probable one only if its uniform is small for its probability
 (``noise >= x``), so the candidates are the few entries with ``x * best_ratio <= p``, and
 the exact float32 ratios of those decide, first index first on ties, as torch's ``argmax``
-does: 0.38 ms a draw instead of 0.89 (one thread). ``tests/workers/test_token_draw.py``
+does: 0.35 ms a draw instead of 0.89 (one thread). ``tests/workers/test_token_draw.py``
 checks it against ``torch.multinomial`` token for token and state for state.
 """
 
