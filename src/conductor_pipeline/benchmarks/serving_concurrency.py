@@ -12,7 +12,7 @@ from conductor_pipeline.benchmarks.serving import QUESTIONS, project_conductor
 
 
 def serving_concurrency(
-    clients: tuple[int, ...] = (1, 16), requests_per_client: int = 4, single_requests: int = 8
+    clients: tuple[int, ...] = (1, 16), requests_per_client: int = 8, single_requests: int = 16
 ) -> dict[str, Any]:
     """Throughput and latency of ``conductor serve`` as ``conductor serve`` builds it: the
     project's Conductor (``conductor.policy`` with its adapter when it resolves, e.g. the
