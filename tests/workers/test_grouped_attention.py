@@ -90,3 +90,33 @@ def test_stacked_rows_are_right_aligned_over_zeros_and_keep_room_for_appends():
     keys, _ = _append(layer, added, added)
     assert layer.room[0].data_ptr() == buffer  # the append used the room stacking left
     assert torch.equal(keys, torch.cat([stacked_keys, added], dim=-2))
+
+
+def test_rows_joining_a_layer_with_free_rows_are_written_in_place():
+    """Stacked once (new buffers with free rows), the next rows that join a batch as wide as
+    theirs are written into the free rows: the live rows are not copied again."""
+    from transformers.cache_utils import DynamicLayer
+
+    from conductor_pipeline.workers.grouped_attention import stack_rows
+
+    layer = DynamicLayer()
+    first_keys, first_values = torch.randn(2, 2, 6, 3), torch.randn(2, 2, 6, 3)
+    layer.lazy_initialization(first_keys, first_values)
+    layer.keys, layer.values = first_keys, first_values
+    stack_rows(layer, torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3), width=6)
+    buffer, live = layer.room[0].data_ptr(), layer.keys.clone()
+
+    joining_keys, joining_values = torch.randn(2, 2, 5, 3), torch.randn(2, 2, 5, 3)
+    stack_rows(layer, joining_keys, joining_values, width=6)
+    assert layer.room[0].data_ptr() == buffer  # no new buffers: written in place
+    assert layer.keys.shape == (5, 2, 6, 3) and torch.equal(layer.keys[:3], live)
+    assert (
+        torch.equal(layer.keys[3:, :, 1:], joining_keys) and layer.keys[3:, :, 0].abs().sum() == 0
+    )
+    assert torch.equal(layer.values[3:, :, 1:], joining_values)
+
+    wider = torch.randn(1, 2, 8, 3)  # rows longer than the batch: the batch is widened
+    stack_rows(layer, wider, wider, width=8)
+    assert layer.room[0].data_ptr() != buffer
+    assert torch.equal(layer.keys[:3, :, 2:], live) and layer.keys[:3, :, :2].abs().sum() == 0
+    assert torch.equal(layer.keys[5], wider[0])

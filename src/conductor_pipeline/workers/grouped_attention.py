@@ -84,16 +84,14 @@ def _append(layer: Any, keys: Any, values: Any) -> tuple[Any, Any]:
     room = getattr(layer, "room", None)
     if not (
         room is not None
-        and layer.keys.data_ptr() == room[0].data_ptr()
-        and layer.values.data_ptr() == room[1].data_ptr()
-        and layer.keys.stride() == room[0].stride()
+        and _views_of(layer, room)
         and rows <= room[0].shape[0]
         and columns + added <= room[0].shape[-2]
     ):
-        shape = (rows, keys.shape[1], columns + added + _SPARE_COLUMNS, keys.shape[3])
+        shape = (rows + _SPARE_ROWS, keys.shape[1], columns + added + _SPARE_COLUMNS, keys.shape[3])
         room = (keys.new_empty(shape), values.new_empty(shape))
-        room[0][:, :, :columns] = layer.keys
-        room[1][:, :, :columns] = layer.values
+        room[0][:rows, :, :columns] = layer.keys
+        room[1][:rows, :, :columns] = layer.values
         layer.room = room
     room[0][:rows, :, columns : columns + added] = keys
     room[1][:rows, :, columns : columns + added] = values
@@ -104,22 +102,43 @@ def _append(layer: Any, keys: Any, values: Any) -> tuple[Any, Any]:
 
 def stack_rows(layer: Any, keys: Any, values: Any, width: int) -> None:
     """Put new rows' ``keys`` and ``values`` under ``layer``'s rows, each row right-aligned
-    in ``width`` columns with hidden zeros on its left, in new buffers with room for the
-    next passes' appends (:func:`_append`): each side is copied once."""
-    rows = layer.keys.shape[0] + keys.shape[0]
-    shape = (rows, keys.shape[1], width + _SPARE_COLUMNS, keys.shape[3])
-    room = []
-    for top, bottom in ((layer.keys, keys), (layer.values, values)):
-        buffer = top.new_empty(shape)
-        for part, at in ((top, slice(0, top.shape[0])), (bottom, slice(top.shape[0], rows))):
-            pads = width - part.shape[2]
-            buffer[at, :, :pads] = 0
-            buffer[at, :, pads:width] = part
-        room.append(buffer)
-    layer.room = (room[0], room[1])
-    layer.keys, layer.values = room[0][:, :, :width], room[1][:, :, :width]
+    in ``width`` columns with hidden zeros on its left. When the layer's buffers have free
+    rows and the live rows already span ``width`` columns, the new rows are written into
+    them and the live rows stay where they are; otherwise new buffers, with room for more
+    rows and for the next passes' appends (:func:`_append`), take both sides, copied once."""
+    live, added = layer.keys.shape[0], keys.shape[0]
+    rows = live + added
+    room = getattr(layer, "room", None)
+    in_place = (
+        room is not None
+        and _views_of(layer, room)
+        and layer.keys.shape[2] == width
+        and rows <= room[0].shape[0]
+    )
+    if not in_place:
+        shape = (rows + _SPARE_ROWS, keys.shape[1], width + _SPARE_COLUMNS, keys.shape[3])
+        room = (keys.new_empty(shape), values.new_empty(shape))
+        for buffer, top in zip(room, (layer.keys, layer.values), strict=True):
+            buffer[:live, :, : width - top.shape[2]] = 0
+            buffer[:live, :, width - top.shape[2] : width] = top
+        layer.room = room
+    for buffer, bottom in zip(room, (keys, values), strict=True):
+        buffer[live:rows, :, : width - bottom.shape[2]] = 0
+        buffer[live:rows, :, width - bottom.shape[2] : width] = bottom
+    layer.keys, layer.values = room[0][:rows, :, :width], room[1][:rows, :, :width]
 
 
+def _views_of(layer: Any, room: tuple[Any, Any]) -> bool:
+    """Whether the layer's keys and values are the leading rows and columns of ``room``."""
+    return (
+        layer.keys.data_ptr() == room[0].data_ptr()
+        and layer.values.data_ptr() == room[1].data_ptr()
+        and layer.keys.stride() == room[0].stride()
+    )
+
+
+# rows a layer's new buffers keep free for rows joining later
+_SPARE_ROWS = 8
 # columns a layer's buffers keep free for the next passes (a pass adds up to 9)
 _SPARE_COLUMNS = 64
 
