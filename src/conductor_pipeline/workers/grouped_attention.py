@@ -88,11 +88,7 @@ def _append(layer: Any, keys: Any, values: Any) -> tuple[Any, Any]:
         and rows <= room[0].shape[0]
         and columns + added <= room[0].shape[-2]
     ):
-        shape = (rows + _SPARE_ROWS, keys.shape[1], columns + added + _SPARE_COLUMNS, keys.shape[3])
-        room = (keys.new_empty(shape), values.new_empty(shape))
-        room[0][:rows, :, :columns] = layer.keys
-        room[1][:rows, :, :columns] = layer.values
-        layer.room = room
+        room = _new_room(layer, rows, columns, columns + added)
     room[0][:rows, :, columns : columns + added] = keys
     room[1][:rows, :, columns : columns + added] = values
     layer.keys = room[0][:rows, :, : columns + added]
@@ -116,16 +112,32 @@ def stack_rows(layer: Any, keys: Any, values: Any, width: int) -> None:
         and rows <= room[0].shape[0]
     )
     if not in_place:
-        shape = (rows + _SPARE_ROWS, keys.shape[1], width + _SPARE_COLUMNS, keys.shape[3])
-        room = (keys.new_empty(shape), values.new_empty(shape))
-        for buffer, top in zip(room, (layer.keys, layer.values), strict=True):
-            buffer[:live, :, : width - top.shape[2]] = 0
-            buffer[:live, :, width - top.shape[2] : width] = top
-        layer.room = room
+        room = _new_room(layer, rows, width, width)
     for buffer, bottom in zip(room, (keys, values), strict=True):
-        buffer[live:rows, :, : width - bottom.shape[2]] = 0
-        buffer[live:rows, :, width - bottom.shape[2] : width] = bottom
+        _right_aligned_into(buffer[live:rows], bottom, width)
     layer.keys, layer.values = room[0][:rows, :, :width], room[1][:rows, :, :width]
+
+
+def _new_room(layer: Any, rows: int, width: int, columns: int) -> tuple[Any, Any]:
+    """New buffers for ``layer``, kept as ``layer.room``: room for ``rows`` rows and
+    ``columns`` columns and spare ones of each, the layer's rows copied in, right-aligned in
+    ``width`` columns (hidden zeros on their left)."""
+    keys = layer.keys
+    shape = (rows + _SPARE_ROWS, keys.shape[1], columns + _SPARE_COLUMNS, keys.shape[3])
+    room = (keys.new_empty(shape), layer.values.new_empty(shape))
+    live = keys.shape[0]
+    for buffer, tensor in zip(room, (keys, layer.values), strict=True):
+        _right_aligned_into(buffer[:live], tensor, width)
+    layer.room = room
+    return room
+
+
+def _right_aligned_into(buffer: Any, tensor: Any, width: int) -> None:
+    """Write ``tensor`` into the first ``width`` columns of ``buffer``, right-aligned, zeros
+    on its left."""
+    pads = width - tensor.shape[2]
+    buffer[:, :, :pads] = 0
+    buffer[:, :, pads:width] = tensor
 
 
 def _views_of(layer: Any, room: tuple[Any, Any]) -> bool:

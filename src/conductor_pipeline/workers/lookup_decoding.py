@@ -170,8 +170,11 @@ class BatchLookupDecoder:
     """Lookup decoding of a padded batch whose rows leave when they are done and which new
     rows can join between passes (:meth:`join`, :meth:`step`, :meth:`pop_finished`).
 
-    Each pass feeds every live row its newest token and its own guess, padded to the
-    batch's longest guess; the mask hides the pads. Each row then draws its positions in
+    Each pass feeds every live row its newest token and its own guess, packed (one sequence
+    without pads, :class:`~conductor_pipeline.workers.grouped_attention.PackedRows`; padded
+    to the longest guess when the model's attention cannot take packed rows); in the cache
+    each row gets as many new columns as the longest, the mask hiding the pads. Each row
+    then draws its positions in
     order with its own generator (a
     :class:`~conductor_pipeline.workers.local_model.RowSampler`'s, one draw per position, as
     plain decoding) and keeps its guess while it matches. Rejected guesses and pads stay in
