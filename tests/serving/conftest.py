@@ -150,6 +150,17 @@ class ServeProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
 
+    def terminate_until_exit(self, every_s: float = 0.01, timeout_s: float = 60.0) -> int:
+        """Send SIGTERM again and again until the process exits; its exit code."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None:
+            assert time.monotonic() < deadline, "conductor serve did not exit"
+            self.process.send_signal(signal.SIGTERM)
+            time.sleep(every_s)
+        self.wait_output()
+        return self.process.returncode
+
     def stop(self, timeout_s: float = 60.0) -> int | None:
         if self.process is None:
             return None

@@ -145,23 +145,32 @@ def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, except that a SIGTERM/SIGINT is not re-raised once it has shut
-        down: the worker pool (and its sandbox subprocess) and the policy server are stopped
-        by the caller afterwards, and a re-raised SIGTERM would kill the process first."""
+        """uvicorn's server, except for what a SIGTERM/SIGINT does once it has shut down.
+
+        uvicorn re-raises the signal, which would kill the process before the caller stops
+        the worker pool (and its sandbox subprocess) and the policy server. Here a signal
+        that arrives from then on, e.g. a supervisor repeating SIGTERM, is logged and the
+        shutdown goes on (SIGKILL still ends it at once).
+        """
 
         @contextlib.contextmanager
         def capture_signals(self):
             if threading.current_thread() is not threading.main_thread():
                 yield
                 return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+            for sig in _SIGNALS:
+                signal.signal(sig, self.handle_exit)
             try:
                 yield
             finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+                for sig in _SIGNALS:
+                    signal.signal(sig, _while_stopping)
 
     return Server
+
+
+def _while_stopping(sig: int, frame: Any) -> None:
+    log.warning("%s received while shutting down; the shutdown goes on", signal.Signals(sig).name)
 
 
 def uvicorn_config(app: Any, settings: ServingSettings):
@@ -294,6 +303,11 @@ def serve(
         server = _server_class()(uvicorn_config(serving_app(service), settings))
         server.run(sockets=[sock])
     log.info("stopped")
+    if threading.current_thread() is threading.main_thread():
+        # only the interpreter's exit is left, and Python resets handlers of its own to the
+        # default there: a repeated SIGTERM would turn exit code 0 into "killed"
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
     return 0
 
 
