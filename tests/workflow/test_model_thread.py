@@ -76,6 +76,28 @@ def test_load_warm_up_and_every_generation_run_on_one_thread(tiny_model_dir):
     assert drew_with == {1}
 
 
+def test_draw_threads_keep_one_torch_thread_when_the_torch_thread_sets_two(tiny_model_dir):
+    # torch sets a thread's count at its first parallel operation, to the count last set
+    # in the process: the draw threads start (set to one), the torch thread then sets two,
+    # and only then do the draw threads run a parallel operation
+    policy = LocalPolicy(model_dir=tiny_model_dir, torch_threads=2)
+    pool = policy._draw_threads()
+    assert pool is not None
+    started, release = threading.Barrier(3), threading.Event()
+
+    def first_parallel_operation() -> int:
+        started.wait()
+        release.wait()
+        torch.ones(1_000_000).div(0.7)  # large enough for torch to split it over threads
+        return torch.get_num_threads()
+
+    futures = [pool.submit(first_parallel_operation) for _ in range(2)]
+    started.wait()
+    run_on_torch_thread(policy._set_threads)
+    release.set()
+    assert [f.result() for f in futures] == [1, 1]
+
+
 def test_an_error_on_the_model_thread_reaches_the_caller(tiny_model_dir):
     policy = LocalPolicy(model_dir=tiny_model_dir / "missing")
     try:

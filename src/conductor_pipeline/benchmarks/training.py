@@ -325,6 +325,7 @@ def training_step_cost() -> dict[str, Any]:
 
     from conductor_pipeline.paths import project_root
     from conductor_pipeline.training.configs import TrainingConfig
+    from conductor_pipeline.workers.torch_thread import set_torch_threads
     from conductor_pipeline.workflow.config import prompt_config
 
     conf = project_root() / "conf" / "base"
@@ -338,7 +339,7 @@ def training_step_cost() -> dict[str, Any]:
     config = TrainingConfig.from_params({**training, "grpo": grpo})
     threads = os.environ.get("BENCH_TORCH_THREADS")
     if threads:
-        torch.set_num_threads(int(threads))
+        set_torch_threads(int(threads))
     load_before = os.getloadavg()[0]
     figures = training_step_benchmark(
         config,

@@ -26,6 +26,7 @@ from conductor_pipeline.workers.torch_thread import (
     default_torch_threads,
     in_torch_thread,
     run_on_torch_thread,
+    set_torch_threads,
 )
 
 # a conversation joining a continuous batch: (the caller's handle, messages, seed)
@@ -435,7 +436,7 @@ class LocalPolicy:
             self._draw_pool = ThreadPoolExecutor(
                 threads,
                 thread_name_prefix="conductor-draw",
-                initializer=torch.set_num_threads,
+                initializer=set_torch_threads,
                 initargs=(1,),
             )
         return self._draw_pool
@@ -449,9 +450,7 @@ class LocalPolicy:
 
     def _set_threads(self) -> None:
         # policies with different thread counts share the torch thread: each sets its own
-        import torch
-
-        torch.set_num_threads(self.torch_threads or default_torch_threads())
+        set_torch_threads(self.torch_threads or default_torch_threads())
 
     def _shared_prefix(self, rows: list[list[int]]) -> int:
         """How many leading tokens come from a cache: the kept opening when every row starts

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.workers.sandbox.profiles import RealProfile
+from conductor_pipeline.workers.torch_thread import set_torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,4 @@ class RealWorkers:
         # Per calling thread: OpenMP keeps the thread count per thread, and generation runs
         # in its own thread.
         if self.torch_threads:
-            import torch
-
-            torch.set_num_threads(self.torch_threads)
+            set_torch_threads(self.torch_threads)
