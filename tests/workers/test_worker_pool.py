@@ -149,6 +149,28 @@ async def test_rate_limit_after_retries(fake_server):
     await pool.aclose()
 
 
+async def test_memory_keeps_the_latest_calls_and_the_file_keeps_every_one(fake_server, tmp_path):
+    # a server calls its workers without end: the in-memory log must not grow with it
+    log_path = tmp_path / "usage.jsonl"
+    pool = _pool(
+        fake_server,
+        worker_entry(fake_server, "sim-a"),
+        worker_entry(fake_server, "sim-b"),
+        usage_log_path=log_path,
+        usage_log_keep=2,
+    )
+    for worker in (0, 1, 0):
+        assert (await pool(worker, QUESTION)).ok
+    assert [r.worker for r in pool.usage_log] == ["sim-b", "sim-a"]
+    assert [json.loads(line)["worker"] for line in log_path.read_text().splitlines()] == [
+        "sim-a",
+        "sim-b",
+        "sim-a",
+    ]
+    assert pool.summary()["sim-b"]["calls"] == 1
+    await pool.aclose()
+
+
 async def test_server_error_served_by_fallback(fake_server, tmp_path):
     log_path = tmp_path / "usage.jsonl"
     pool = _pool(

@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -141,10 +142,12 @@ class WorkerPool:
 
     ``cache`` is a ``ResponseCache`` (not closed by the pool), a path (the pool opens a
     ``read_write`` cache there and closes it in ``aclose``) or None. ``usage_log_path``
-    appends each ``UsageRecord`` as a JSON line. ``provider_faults`` routes every deployment
-    through ``ProviderFaults`` (tests, reliability benchmark). ``router_kwargs`` are passed
-    to ``litellm.Router`` and win over the pool's choices (``disable_cooldowns=True``: a
-    worker is one deployment, so a cooldown could only turn one failure into many).
+    appends each ``UsageRecord`` as a JSON line; ``usage_log`` keeps the latest
+    ``usage_log_keep`` in memory (a server makes calls without end). ``provider_faults``
+    routes every deployment through ``ProviderFaults`` (tests, reliability benchmark).
+    ``router_kwargs`` are passed to ``litellm.Router`` and win over the pool's choices
+    (``disable_cooldowns=True``: a worker is one deployment, so a cooldown could only turn
+    one failure into many).
     """
 
     def __init__(
@@ -153,6 +156,7 @@ class WorkerPool:
         *,
         cache: ResponseCache | str | Path | None = None,
         usage_log_path: str | Path | None = None,
+        usage_log_keep: int = 10_000,
         provider_faults: ProviderFaults | None = None,
         router_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
@@ -180,7 +184,7 @@ class WorkerPool:
         self.usage_log_path = Path(usage_log_path) if usage_log_path else None
         if self.usage_log_path:
             self.usage_log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.usage_log: list[UsageRecord] = []
+        self.usage_log: deque[UsageRecord] = deque(maxlen=usage_log_keep)
         self._provider_faults = provider_faults
         self._semaphores: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Semaphore]] = (
             weakref.WeakKeyDictionary()
@@ -543,7 +547,8 @@ class WorkerPool:
         return reply
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        """Per requested worker: calls, outcomes, tokens, dollars, latency, attempts."""
+        """Per requested worker, over the calls ``usage_log`` keeps: calls, outcomes, tokens,
+        dollars, latency, attempts."""
         out: dict[str, dict[str, Any]] = {}
         for name in self.names:
             rows = [r for r in self.usage_log if r.worker == name]
