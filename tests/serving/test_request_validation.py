@@ -218,6 +218,15 @@ def _bodies(draw: st.DrawFn) -> bytes:
     return json.dumps(body).encode()
 
 
+def test_a_question_beyond_the_basic_plane_is_answered(client):
+    # found by the property below: the scripted Conductor writes its subtask as
+    # JSON, U+10000 as a surrogate pair, which the workflow parser read as two lone halves
+    raw = b'{"model": "conductor", "messages": [{"role": "user", "content": "a\\ud800\\udc00b"}]}'
+    response = client.post("/chat/completions", content=raw)
+    assert response.status_code == 200, response.text
+    assert "a\U00010000b" in response.json()["choices"][0]["message"]["content"]
+
+
 @settings(
     max_examples=150,
     deadline=None,

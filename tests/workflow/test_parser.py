@@ -334,3 +334,17 @@ def test_all_access_is_remembered_even_on_the_first_step():
     assert wf == Workflow([Step(0, "a"), Step(1, "b"), Step(1, "c", (0, 1))])
     with pytest.raises(ValueError, match="all_access"):
         Workflow([Step(0, "a"), Step(1, "b"), Step(1, "c", (1,), all_access=True)])
+
+
+@pytest.mark.parametrize("quote", ["'", '"'])
+def test_escaped_surrogate_pairs_become_their_character(quote):
+    # a model writing JSON escapes writes U+1F600 as a surrogate pair; Python's literals
+    # would keep two lone surrogates, which no UTF-8 request or response can carry
+    text = (
+        f"model_id = [0, 1]\nsubtasks = [{quote}a\\ud83d\\ude00b{quote}, "
+        f"{quote}lone \\ud800 here{quote}]\naccess_list = [[], []]"
+    )
+    wf = parse_workflow(text, 2)
+    assert [s.subtask for s in wf.steps] == ["a\U0001f600b", "lone \ufffd here"]
+    for step in wf.steps:
+        step.subtask.encode("utf-8")  # valid text

@@ -84,13 +84,13 @@ def _decode(literal: str, original: str, kind: str) -> Any:
     candidates = (original,) if literal == original else (original, literal)
     for source in candidates:
         try:
-            return ast.literal_eval(source)
+            return _whole_characters(ast.literal_eval(source))
         except (RecursionError, MemoryError):
             raise WorkflowParseError(f"the {kind} list is too large or too deeply nested") from None
         except Exception as exc:  # SyntaxError, ValueError, TypeError, ...
             errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
         try:
-            return json.loads(source)
+            return _whole_characters(json.loads(source))
         except (RecursionError, MemoryError):
             raise WorkflowParseError(f"the {kind} list is too large or too deeply nested") from None
         except Exception:
@@ -98,6 +98,23 @@ def _decode(literal: str, original: str, kind: str) -> Any:
     raise WorkflowParseError(
         f"the {kind} list is not a valid Python or JSON literal ({errors[0][:120]})"
     )
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _whole_characters(value: Any) -> Any:
+    """``value`` with its strings made valid Unicode. A model writing JSON escapes writes a
+    character beyond U+FFFF as two (``"\\ud83d\\ude00"``); Python's literals read them as two
+    lone surrogates, which no UTF-8 text (a worker request, the API's response) can hold.
+    Pairs become their character, a surrogate left alone becomes U+FFFD."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value) is None:
+            return value
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_whole_characters(v) for v in value]
+    return value
 
 
 def _strip_think(text: str) -> str:
