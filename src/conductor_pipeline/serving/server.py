@@ -303,12 +303,16 @@ def serve(
         server = _server_class()(uvicorn_config(serving_app(service), settings))
         server.run(sockets=[sock])
     log.info("stopped")
+    _ignore_signals_until_exit()
+    return 0
+
+
+def _ignore_signals_until_exit() -> None:
+    """Only the interpreter's exit is left, and Python resets handlers of its own to the
+    default there: a repeated SIGTERM would turn exit code 0 into "killed"."""
     if threading.current_thread() is threading.main_thread():
-        # only the interpreter's exit is left, and Python resets handlers of its own to the
-        # default there: a repeated SIGTERM would turn exit code 0 into "killed"
         for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-    return 0
 
 
 class BackgroundServer:
