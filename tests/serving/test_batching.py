@@ -742,3 +742,33 @@ def test_a_cancelled_continuous_batch_cancels_its_requests_and_admits_no_one_mor
     assert all(isinstance(r, asyncio.CancelledError) for r in out)
     assert late.text == "late#4"
     assert fake.calls[0][1] == [1, 2] and policy.stats.joined == 1
+
+
+def test_a_bfloat16_policy_runs_in_bfloat16_and_batches_requests():
+    """``serving.dtype: bfloat16`` (or ``auto`` on a CPU with AMX): the weights are bfloat16
+    and concurrent requests share one batch. A batched text may differ from the request's
+    text alone: bfloat16 rounds a padded batch's sums more coarsely (README "Serving")."""
+    import torch
+
+    from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
+
+    policy = LocalPolicy(torch_threads=1, dtype="bfloat16")
+    policy.load()
+    assert policy.loaded_dtype == "bfloat16"
+    assert {p.dtype for p in policy._model.parameters()} == {torch.bfloat16}
+    questions = ["Compute the sum of 1234 and 4321.", "What is the capital of France?"]
+    chats = [conductor_messages(q, ["a", "b", "c"], PromptConfig()) for q in questions]
+    alone = asyncio.run(policy.complete(chats[0], temperature=0.7, max_tokens=12, seed=3))
+    again = asyncio.run(policy.complete(chats[0], temperature=0.7, max_tokens=12, seed=3))
+    assert alone.text == again.text and alone.completion_tokens > 0  # a seed still decides
+    batcher = MicroBatchingPolicy(policy, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+    async def go():
+        return await asyncio.gather(
+            *(batcher.complete(c, temperature=0.7, max_tokens=12, seed=3) for c in chats)
+        )
+
+    batched = asyncio.run(go())
+    assert batcher.stats.sizes == {2: 1}
+    assert batched[0].prompt_tokens == alone.prompt_tokens
+    assert all(b.completion_tokens > 0 for b in batched)

@@ -92,6 +92,24 @@ def test_a_served_local_conductor_takes_the_servers_threads_not_evaluations():
             serving_settings({"torch_threads": bad})
 
 
+def test_local_policy_precision_from_conductor_policy_and_for_a_server_from_serving():
+    from conductor_pipeline.serving.server import in_process_policy
+    from conductor_pipeline.serving.settings import serving_settings
+    from conductor_pipeline.workflow import LocalPolicy
+
+    assert build_policy({"kind": "local"}).dtype == "float32"  # what evaluation measures
+    assert build_policy({"kind": "local", "dtype": "bfloat16"}).dtype == "bfloat16"
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        LocalPolicy(dtype="float16")
+    evaluation_params = {"kind": "local", "dtype": "float32"}
+    assert in_process_policy(evaluation_params, None, serving_settings({})).policy.dtype == "auto"
+    pinned = in_process_policy(evaluation_params, None, serving_settings({"dtype": "float32"}))
+    assert pinned.policy.dtype == "float32"
+    for bad in ("fp16", None, 32):
+        with pytest.raises(ValueError, match="serving.dtype"):
+            serving_settings({"dtype": bad})
+
+
 def test_scripted_policy_writes_one_step_with_the_question():
     async def pool(worker, messages, sample_index=0):
         from conductor_pipeline.workers.types import Usage, WorkerReply

@@ -6,6 +6,8 @@ from __future__ import annotations
 import openai
 import pytest
 
+from conductor_pipeline.workers.local_model import native_bfloat16
+
 from .conftest import QUESTION, ServeProcess, make_project, serve_env
 
 
@@ -42,5 +44,9 @@ def test_real_smollm2_conductor_behind_the_api(tmp_path):
         assert record["model"]["version"] == "base"
         (call,) = record["conductor_calls"]
         assert call["completion_tokens"] > 0 and call["latency_s"] > 0
+        # serving.dtype auto: bfloat16 only where this CPU multiplies it in hardware; the
+        # log says which precision the server runs (evaluation measured float32)
+        precision = "bfloat16" if native_bfloat16() else "float32"
+        assert f"Conductor policy local:smollm2-135m-instruct ready ({precision})" in process.output
     finally:
         assert process.stop() == 0

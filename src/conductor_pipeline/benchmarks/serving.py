@@ -85,6 +85,7 @@ def serving_real_policy(requests: int = 10) -> dict[str, Any]:
                 figures[label] = _serve_one_user(
                     policy, pool, orchestration, served, warm_up=warm_up, requests=requests
                 )
+                figures["dtype"] = getattr(policy, "loaded_dtype", None)  # serving.dtype resolved
     except Exception as err:  # e.g. no prepared tasks for the sandbox: say so, keep the suite
         figures["skipped"] = f"{type(err).__name__}: {err}"
         return figures

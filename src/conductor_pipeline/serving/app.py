@@ -189,7 +189,10 @@ async def load_policy(state: AppState) -> None:
             await asyncio.to_thread(loader)
         await warm_up_policy(state.service)
         state.policy = "ready"
-        log.info("Conductor policy %s ready", getattr(policy, "name", "?"))
+        # a local model's precision: a server may run it at another than evaluation did
+        loaded = getattr(getattr(policy, "policy", policy), "loaded_dtype", None)
+        name = getattr(policy, "name", "?")
+        log.info("Conductor policy %s ready%s", name, f" ({loaded})" if loaded else "")
     except Exception as exc:  # reported through /health and /ready
         state.policy, state.policy_error = "error", f"{type(exc).__name__}: {exc}"
         log.exception("loading the Conductor policy failed")

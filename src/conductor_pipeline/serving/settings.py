@@ -19,6 +19,7 @@
       tracing_experiment: conductor-serving
       warm_up: true               # at start-up: cache the prompt opening, one short generation
       torch_threads: null         # a local Conductor's CPU threads; null: every core
+      dtype: auto                 # a local Conductor's precision: auto | float32 | bfloat16
       limits: {max_steps: 10, max_tokens: null, max_cost_usd: null, max_rounds: 2}
       batching: {enabled: true, max_batch: 16, max_wait_ms: 200}   # see serving.batching
       capture: {enabled: false, ...}   # opt-in request capture, see serving.capture
@@ -38,6 +39,7 @@ from typing import Any
 from conductor_pipeline.serving.batching import BatchingSettings
 from conductor_pipeline.serving.capture import CaptureSettings
 from conductor_pipeline.serving.policy_server import VllmSettings
+from conductor_pipeline.workers.local_model import MODEL_DTYPES
 
 POLICY_SERVERS = ("local", "vllm")
 _LIMIT_KEYS = ("max_steps", "max_tokens", "max_cost_usd", "max_rounds")
@@ -71,6 +73,7 @@ class ServingSettings:
     tracing_experiment: str = "conductor-serving"
     warm_up: bool = True
     torch_threads: int | None = None
+    dtype: str = "auto"
     limits: RequestLimits = field(default_factory=RequestLimits)
     batching: BatchingSettings = field(default_factory=BatchingSettings)
     vllm: VllmSettings = field(default_factory=VllmSettings)
@@ -94,6 +97,8 @@ class ServingSettings:
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
         ):
             raise ValueError(f"serving.torch_threads: must be >= 1 or null, got {threads!r}")
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"serving.dtype: must be one of {MODEL_DTYPES}, got {self.dtype!r}")
         if self.max_context_chars < 0 or self.retry_after_s < 0:
             raise ValueError("serving.max_context_chars and serving.retry_after_s must be >= 0")
         if not 0 <= int(self.port) <= 65535:

@@ -141,6 +141,34 @@ def load_smollm2(cache_dir: Path | None = None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+# precisions a local Conductor can run in (``conductor.policy.dtype``, ``serving.dtype``)
+MODEL_DTYPES = ("float32", "bfloat16", "auto")
+
+
+def model_dtype(name: str) -> Any:
+    """The torch dtype called ``name``: ``float32`` (what training and evaluation run),
+    ``bfloat16``, or ``auto``: bfloat16 where the CPU multiplies it in hardware (AMX or
+    AVX512-BF16), else float32 (elsewhere torch emulates bfloat16, slower than float32)."""
+    import torch
+
+    if name not in MODEL_DTYPES:
+        raise ValueError(f"dtype: must be one of {MODEL_DTYPES}, got {name!r}")
+    if name == "auto":
+        name = "bfloat16" if native_bfloat16() else "float32"
+    return getattr(torch, name)
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware, as torch reports its features."""
+    import torch
+
+    try:  # a private report: without it, say no (float32 is always right)
+        features = torch._C._cpu._get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        return False
+    return bool(features.get("amx_bf16") or features.get("avx512_bf16"))
+
+
 class RowSampler:
     """A logits processor for batched generation: row ``i`` draws its next token from its own
     generator (seeded with ``seeds[i]``) at its own temperature (``<= 0``: greedy).

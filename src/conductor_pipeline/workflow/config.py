@@ -45,6 +45,7 @@ _SECTION_KEYS = {
         "worker",
         "torch_threads",
         "lookup_tokens",
+        "dtype",
     },
     "sampling": {"temperature", "max_tokens", "seed"},
     # every PromptConfig field except the descriptions, which come from the pool
@@ -130,6 +131,7 @@ def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -
             adapter_dir=adapter_dir,
             torch_threads=int(threads) if threads else None,
             lookup_tokens=policy.get("lookup_tokens", 8),
+            dtype=policy.get("dtype", "float32"),
         )
     if kind == "endpoint":
         for key in ("model", "api_base"):

@@ -1,12 +1,10 @@
 """The Conductor policy: any chat model that turns Conductor messages into a completion.
 
-Two implementations: a local transformers model (default: SmolLM2-135M-Instruct, optionally
-with a LoRA adapter) and an OpenAI-compatible endpoint such as a vLLM server. A third,
-:class:`ScriptedPolicy`, is no model at all: a fixed rule (one step, one configured worker,
-the question as its subtask) for fast deterministic tests and load benchmarks, and a
-trivial "route everything to worker k" baseline. Heavy imports
-(torch, transformers, peft, litellm) happen on first use, so importing the workflow package
-stays cheap.
+A local transformers model (default: SmolLM2-135M-Instruct, optionally with a LoRA adapter),
+an OpenAI-compatible endpoint such as a vLLM server, and :class:`ScriptedPolicy`, no model at
+all: one step to a configured worker with the question as its subtask (deterministic tests,
+load benchmarks, a "route everything to worker k" baseline). Heavy imports (torch,
+transformers, peft, litellm) happen on first use: importing the package stays cheap.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from conductor_pipeline.workers.local_model import MODEL_DTYPES
 from conductor_pipeline.workers.torch_thread import (
     default_torch_threads,
     in_torch_thread,
@@ -60,7 +59,8 @@ class LocalPolicy:
     :func:`conductor_pipeline.workers.local_model.load_smollm2` prepares offline.
     ``adapter_dir`` is a PEFT LoRA adapter folder trained on top of it. ``torch_threads``
     caps torch's CPU threads (``None``: torch's default); one thread each keeps it and the
-    sandbox's real worker from oversubscribing a small machine's cores.
+    sandbox's real worker from oversubscribing a small machine's cores. ``dtype``: the
+    weights' precision (``float32``, ``bfloat16``, ``auto``: see :func:`model_dtype`).
 
     Loading, warm-up and generation run on the process's torch thread, whichever thread asks
     (:mod:`~conductor_pipeline.workers.torch_thread` says why); on one CPU thread a policy
@@ -74,6 +74,7 @@ class LocalPolicy:
         name: str | None = None,
         torch_threads: int | None = None,
         lookup_tokens: int = 8,
+        dtype: str = "float32",
     ):
         if torch_threads is not None and torch_threads < 1:
             raise ValueError(f"LocalPolicy: torch_threads must be >= 1, got {torch_threads}")
@@ -85,7 +86,10 @@ class LocalPolicy:
             raise ValueError(
                 f"LocalPolicy: lookup_tokens must be an integer >= 0, got {lookup_tokens!r}"
             )
-        self.lookup_tokens = lookup_tokens
+        if dtype not in MODEL_DTYPES:
+            raise ValueError(f"LocalPolicy: dtype must be one of {MODEL_DTYPES}, got {dtype!r}")
+        self.lookup_tokens, self.dtype = lookup_tokens, dtype
+        self.loaded_dtype: str | None = None  # what ``dtype`` resolved to, once loaded
         self.torch_threads = torch_threads
         self.model_dir = Path(model_dir) if model_dir else None
         self.adapter_dir = Path(adapter_dir) if adapter_dir else None
@@ -98,14 +102,11 @@ class LocalPolicy:
         self._prefix: tuple[tuple[int, ...], Any] | None = None  # (token ids, their cache)
         # one generation at a time: the model is shared and CPU threads are few
         self._generate_lock = threading.Lock()
-        # single requests answered from the kept prompt-opening cache (observability, tests)
-        self.prefix_hits = 0
-        # forward passes of single requests (prompt included; observability, benchmarks)
-        self.forward_passes = 0
-        # forward passes of batches (prompts included; observability, benchmarks)
-        self.batch_forward_passes = 0
+        # observability: single requests answered from the kept prompt-opening cache, and
+        # forward passes (prompts included) of single requests and of batches
+        self.prefix_hits = self.forward_passes = self.batch_forward_passes = 0
         # recent replies (token ids) that lookup decoding guesses from; they change how
-        # fast a reply is written, never what it says
+        # fast a reply is written; what it says only up to float rounding (README)
         self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
         self._draw_pool: Any = None  # see _draw_threads
 
@@ -117,7 +118,7 @@ class LocalPolicy:
             if self._model is not None:
                 return
             from conductor_pipeline.workers.grouped_attention import use_grouped_attention
-            from conductor_pipeline.workers.local_model import load_smollm2
+            from conductor_pipeline.workers.local_model import load_smollm2, model_dtype
 
             if self.model_dir is None:
                 model, tokenizer = load_smollm2()
@@ -132,6 +133,8 @@ class LocalPolicy:
                 # folded into the weights: the same outputs, and each decode step skips the
                 # LoRA side products (about 13 % of a batch's time on one CPU thread)
                 model = PeftModel.from_pretrained(model, str(self.adapter_dir)).merge_and_unload()
+            model.to(model_dtype(self.dtype))  # after the merge: the adapter folds in at float32
+            self.loaded_dtype = str(model.dtype).removeprefix("torch.")
             model.eval()
             use_grouped_attention(model)
             self._model, self._tokenizer = model, tokenizer
@@ -190,14 +193,14 @@ class LocalPolicy:
         return run_on_torch_thread(self._warm_up, conversations, max_tokens)
 
     def _warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int) -> int:
+        import torch
+
         from conductor_pipeline.workers.local_model import encode_chat
 
         self.load()
         self._set_threads()
         rows = [encode_chat(self._tokenizer, messages)[0] for messages in conversations]
         shared = _common_prefix(rows) if len(rows) > 1 else 0
-        import torch
-
         with self._generate_lock, torch.inference_mode():
             if shared >= _MIN_SHARED_PREFIX:
                 self._prefix_cache(rows[0][:shared], 1)
