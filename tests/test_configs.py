@@ -98,9 +98,9 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     assert {path: value for path, value in _leaves(after).items() if path in recorded} == recorded
     assert after["data_prep"] == before["data_prep"]  # sources and quotas replaced, not merged
     assert orchestration_config(after["conductor"]) == orchestration_config(before["conductor"])
-    # model_dir, torch_threads and lookup_tokens are read by a local policy only; gpu's is
-    # an endpoint
-    local_only = {"model_dir", "torch_threads", "lookup_tokens"}
+    # model_dir, torch_threads, lookup_tokens and dtype are read by a local policy only;
+    # gpu's is an endpoint
+    local_only = {"model_dir", "torch_threads", "lookup_tokens", "dtype"}
     assert after["conductor"]["policy"]["kind"] == "endpoint"
     assert {k: v for k, v in after["conductor"]["policy"].items() if k not in local_only} == before[
         "conductor"
