@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -441,8 +442,18 @@ def test_the_concurrency_benchmark_reports_each_client_count():
 
     from .test_app import FakePool
 
+    class LoggingPool(FakePool):  # keeps a usage log, as the worker pool does
+        def __init__(self) -> None:
+            super().__init__()
+            self.usage_log: list[SimpleNamespace] = []
+
+        async def __call__(self, worker, messages, sample_index=0):
+            reply = await super().__call__(worker, messages, sample_index)
+            self.usage_log.append(SimpleNamespace(worker=reply.worker))
+            return reply
+
     service = make_service()
-    pool = FakePool()
+    pool = LoggingPool()
     pool.descriptions, pool.names = service.descriptions, service.worker_names
     policy = MicroBatchingPolicy(ScriptedBatches(), BatchingSettings(max_wait_ms=0))
     figures = _measure(
@@ -457,6 +468,8 @@ def test_the_concurrency_benchmark_reports_each_client_count():
     for case in (one, four):
         assert case["throughput_rps"] > 0 and 0 < case["latency_p50_s"] <= case["latency_p95_s"]
         assert case["first_round_s"] > 0  # the unmeasured first round, reported apart
+    # one step a request; the unmeasured first round's calls are not counted
+    assert one["worker_calls"] == {"w1": 3} and four["worker_calls"] == {"w1": 8}
     assert figures["ready_s"] > 0
 
 

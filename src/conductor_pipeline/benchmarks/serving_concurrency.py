@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections import Counter
 from typing import Any
 
 from conductor_pipeline.benchmarks.serving import QUESTIONS, project_conductor
@@ -25,8 +26,8 @@ def serving_concurrency(
     finds nothing to batch with and runs alone), then ``single_requests`` in all for one
     client, ``c * requests_per_client`` otherwise. Reported per count: throughput, p50/p95
     latency, status counts, the sizes of the batches the measured part started and how
-    many samples joined a batch already generating; then the throughput ratio of the
-    largest count to one client (target: 4)."""
+    many samples joined a batch already generating, and the worker calls by worker; then the
+    throughput ratio of the largest count to one client (target: 4)."""
     import dataclasses
 
     from conductor_pipeline.serving.server import in_process_policy
@@ -105,8 +106,14 @@ def _measure(
             stats = getattr(policy, "stats", None)
             before = dict(stats.sizes) if stats is not None else {}
             joined = stats.joined if stats is not None else 0
+            called = Counter(r.worker for r in getattr(pool, "usage_log", ()))
             out[f"clients_{count}"] = asyncio.run(_load(server.base_url, count, total))
             out[f"clients_{count}"]["first_round_s"] = first_round["wall_s"]
+            # the workers the measured part called: a simulated one sleeps, a real local model
+            # (the sandbox's SmolLM2) takes CPU from the Conductor, so its calls explain much
+            # of the spread between runs
+            called = Counter(r.worker for r in getattr(pool, "usage_log", ())) - called
+            out[f"clients_{count}"]["worker_calls"] = dict(sorted(called.items()))
             if stats is not None:
                 sizes = {n: c - before.get(n, 0) for n, c in stats.sizes.items()}
                 out[f"clients_{count}"]["batch_sizes"] = {
