@@ -61,7 +61,7 @@ def serving_concurrency(
             load = (clients, requests_per_client, single_requests)
             figures.update(_measure(policy, pool, orchestration, served, settings, *load))
         # serving.dtype as it resolved on this machine (auto: bfloat16 where the CPU has it)
-        figures["dtype"] = getattr(getattr(policy, "policy", policy), "loaded_dtype", None)
+        figures["dtype"] = getattr(policy, "loaded_dtype", None)
     except Exception as err:  # e.g. no prepared tasks for the sandbox: say so, keep the suite
         figures["skipped"] = f"{type(err).__name__}: {err}"
         return figures

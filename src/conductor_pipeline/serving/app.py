@@ -190,7 +190,7 @@ async def load_policy(state: AppState) -> None:
         await warm_up_policy(state.service)
         state.policy = "ready"
         # a local model's precision: a server may run it at another than evaluation did
-        loaded = getattr(getattr(policy, "policy", policy), "loaded_dtype", None)
+        loaded = getattr(policy, "loaded_dtype", None)
         name = getattr(policy, "name", "?")
         log.info("Conductor policy %s ready%s", name, f" ({loaded})" if loaded else "")
     except Exception as exc:  # reported through /health and /ready
