@@ -180,6 +180,7 @@ def test_skill_lookup_falls_back(profiles):
             "simulated[0].skill.math.hard",
         ),
         (lambda d: d["simulated"][2].pop("guess_rate"), "simulated[2].guess_rate"),
+        (lambda d: d["simulated"][2].update(call_variation=2), "simulated[2].call_variation"),
         (lambda d: d["simulated"][0].update(name="oracle"), "simulated[0].name"),
         (lambda d: d["simulated"][0]["latency"].update(median="1"), "simulated[0].latency.median"),
         (lambda d: d["real"][0].update(max_tokens=0), "real[0].max_tokens"),
@@ -312,9 +313,18 @@ def test_different_seeds_give_different_replies(profiles, index):
 N = 300
 
 
-def _accuracy(worker: SimulatedWorker, messages) -> float:
-    replies = [worker.respond(messages, seed=s, temperature=0.5) for s in range(N)]
-    return sum(bool(r.correct) for r in replies) / N
+def _servers(profile: SimulatedProfile, index: TaskIndex, n: int = N) -> list[SimulatedWorker]:
+    """The same worker on ``n`` sandbox servers of different seeds: its luck on a task is
+    fixed per server, so rates are measured across servers."""
+    return [SimulatedWorker(profile, index, base_seed=s) for s in range(n)]
+
+
+def _replies(profile: SimulatedProfile, index: TaskIndex, messages, n: int = N) -> list:
+    return [w.respond(messages, seed=7, temperature=0.5) for w in _servers(profile, index, n)]
+
+
+def _accuracy(profile: SimulatedProfile, index: TaskIndex, messages) -> float:
+    return sum(bool(r.correct) for r in _replies(profile, index, messages)) / N
 
 
 def _tolerance(p: float) -> float:
@@ -323,8 +333,8 @@ def _tolerance(p: float) -> float:
 
 def test_visible_question_solved_at_skill(profiles, index):
     for task_id, skill in (("num-1", 0.7), ("txt-1", 0.35), ("code-1", 0.9)):
-        worker = SimulatedWorker(_fixed(_profile(profiles, "sim-coder"), skill=skill), index)
-        acc = _accuracy(worker, _ask(BY_ID[task_id].question))
+        profile = _fixed(_profile(profiles, "sim-coder"), skill=skill)
+        acc = _accuracy(profile, index, _ask(BY_ID[task_id].question))
         assert abs(acc - skill) <= _tolerance(skill), (task_id, acc)
 
 
@@ -333,14 +343,14 @@ def test_hidden_question_right_only_at_guess_rate(profiles, index):
     worker = SimulatedWorker(profile, index)
     words = BY_ID["num-1"].question.split()
     garbled = _ask("Please help: " + " ".join(words[: len(words) // 2 + 2]))
-    replies = [worker.respond(garbled, seed=s) for s in range(N)]
+    replies = _replies(profile, index, garbled)
     assert {r.mode for r in replies} == {"garbled"}
     acc = sum(bool(r.correct) for r in replies) / N
     assert abs(acc - 0.1) <= _tolerance(0.1)
     # multiple choice: a random letter among the five options
     words = BY_ID["mc-1"].question.split()
     garbled_mc = _ask(" ".join(words[:18]))
-    letters = [worker.respond(garbled_mc, seed=s) for s in range(N)]
+    letters = _replies(profile, index, garbled_mc)
     acc = sum(bool(r.correct) for r in letters) / N
     assert abs(acc - 0.2) <= _tolerance(0.2)
     assert {r.text.rsplit("(", 1)[1][0] for r in letters} == set("ABCDE")
@@ -356,11 +366,10 @@ def test_adopts_a_correct_earlier_attempt_per_verify_skill(profiles, index):
         f"The answer is 346.</step 0 response>\n<subtask>Check the answer above.</subtask>"
     )
     profile = _fixed(_profile(profiles, "sim-sprout"), skill=0.2, verify=0.6)
-    worker = SimulatedWorker(profile, index)
-    acc = _accuracy(worker, _ask(context))
+    acc = _accuracy(profile, index, _ask(context))
     expected = 0.2 + 0.8 * 0.6
     assert abs(acc - expected) <= _tolerance(expected)
-    modes = {worker.respond(_ask(context), seed=s).mode for s in range(60)}
+    modes = {r.mode for r in _replies(profile, index, _ask(context), 60)}
     assert {"confirm", "adopt"} <= modes
 
 
@@ -368,13 +377,78 @@ def test_wrong_earlier_attempt_is_sometimes_copied(profiles, index):
     task = BY_ID["num-1"]
     context = f"{task.question}\nPrevious worker: the answer is 999.\nNow verify it."
     profile = _fixed(_profile(profiles, "sim-sprout"), skill=0.3, verify=0.5)
-    worker = SimulatedWorker(profile, index)
-    replies = [worker.respond(_ask(context), seed=s) for s in range(N)]
+    replies = _replies(profile, index, _ask(context))
     acc = sum(bool(r.correct) for r in replies) / N
     assert abs(acc - 0.3) <= _tolerance(0.3)
     copied = [r for r in replies if r.mode == "copy"]
     assert copied and all("\\boxed{999}" in r.text for r in copied)
     assert {"fix", "copy", "wrong"} <= {r.mode for r in replies}
+
+
+# --- a worker's luck on a task is fixed ---------------------------------------------------
+
+
+def _check_of(task: Task, attempt: str) -> list[dict[str, str]]:
+    return _ask(
+        f"<question>{task.question}</question>\n<response step=\"0\">{attempt}</response>\n"
+        "Your subtask: check the answer above and give the final answer."
+    )
+
+
+def test_asking_again_gives_no_new_chance(profiles, index):
+    profile = _fixed(_profile(profiles, "sim-sprout"), skill=0.5)
+    for task in TASKS:
+        for worker in _servers(profile, index, 20):
+            replies = [
+                worker.respond(_ask(task.question), seed=seed, temperature=temperature)
+                for seed in range(6)
+                for temperature in (0.2, 1.0)
+            ]
+            assert len({r.correct for r in replies}) == 1, task.id
+            # a failing worker gives the same wrong answer every time
+            finals = {tuple(extract_attempts(r.text, task.answer_format)) for r in replies}
+            assert len(finals) == 1 or replies[0].correct, task.id
+
+
+def test_checking_its_own_answer_changes_nothing(profiles, index):
+    """"Solve, then the same worker checks" scores exactly what the worker scores alone,
+    server by server, while a different worker's check pays."""
+    task = BY_ID["num-1"]
+    solver = _fixed(_profile(profiles, "sim-abacus"), skill=0.5, verify=0.9)
+    checker = replace(
+        _fixed(_profile(profiles, "sim-sage"), skill=0.5, verify=0.9), name="sim-checker"
+    )
+    alone = self_checked = other_checked = 0
+    for seed in range(N):
+        first = SimulatedWorker(solver, index, base_seed=seed).respond(_ask(task.question))
+        again = SimulatedWorker(solver, index, base_seed=seed).respond(
+            _check_of(task, first.text), seed=1
+        )
+        other = SimulatedWorker(checker, index, base_seed=seed).respond(
+            _check_of(task, first.text), seed=1
+        )
+        assert again.correct == first.correct
+        alone += first.correct
+        self_checked += again.correct
+        other_checked += other.correct
+    assert alone == self_checked
+    expected = 0.5 + 0.5 * 0.5 * 0.9  # the checker solves it, or spots the right attempt
+    assert abs(other_checked / N - expected) <= _tolerance(expected)
+
+
+def test_call_variation_draws_fresh_luck_per_call(profiles, index):
+    profile = replace(_fixed(_profile(profiles, "sim-sprout"), skill=0.5), call_variation=1.0)
+    worker = SimulatedWorker(profile, index, base_seed=3)
+    messages = _ask(BY_ID["num-1"].question)
+    replies = [worker.respond(messages, seed=s) for s in range(N)]
+    acc = sum(bool(r.correct) for r in replies) / N
+    assert abs(acc - 0.5) <= _tolerance(0.5)
+    fixed = SimulatedWorker(replace(profile, call_variation=0.0), index, base_seed=3)
+    assert len({fixed.respond(messages, seed=s).correct for s in range(40)}) == 1
+
+
+def test_sandbox_workers_have_fixed_luck(profiles):
+    assert all(p.call_variation == 0.0 for p in profiles.simulated)
 
 
 # --- reply formats ------------------------------------------------------------------------

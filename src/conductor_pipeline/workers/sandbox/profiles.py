@@ -49,6 +49,8 @@ class SimulatedProfile:
     verify_skill: float
     guess_rate: float
     timeout_s: float = 60.0
+    # share of calls that draw fresh luck on a task instead of the worker's fixed luck
+    call_variation: float = 0.0
 
     def skill_for(self, domain: str, difficulty: str) -> float:
         """Probability of solving a visible task of this domain and difficulty.
@@ -179,7 +181,7 @@ def _simulated(data: Any, where: str) -> SimulatedProfile:
             "verify_skill",
             "guess_rate",
         },
-        optional={"timeout_s"},
+        optional={"timeout_s", "call_variation"},
     )
     name = _name(data["name"], f"{where}.name")
     if not name.startswith(SIM_PREFIX):
@@ -207,6 +209,7 @@ def _simulated(data: Any, where: str) -> SimulatedProfile:
         verify_skill=_probability(data["verify_skill"], f"{where}.verify_skill"),
         guess_rate=_probability(data["guess_rate"], f"{where}.guess_rate"),
         timeout_s=_number(data.get("timeout_s", 60.0), f"{where}.timeout_s", low=0.001),
+        call_variation=_probability(data.get("call_variation", 0.0), f"{where}.call_variation"),
     )
 
 

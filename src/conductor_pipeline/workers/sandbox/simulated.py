@@ -10,14 +10,23 @@ A simulated worker runs no model. It looks for prepared tasks in the text it was
   error);
 * the task is only **recognisable** (some of its 6-grams occur, too few to count as
   visible): it has not understood the question and is right only at ``guess_rate``
-  (multiple choice: it picks a uniformly random letter);
+  (multiple choice: it picks a random letter);
 * **no task** is recognisable: it answers like a model that misunderstood, with a
   plausible but unfounded answer in a format guessed from the text.
 
+**A worker's luck on a task is fixed.** Whether it solves a task, spots a correct earlier
+attempt, guesses right, and which wrong answer it gives are drawn once per (server seed,
+worker, task): asking the same worker again, at another seed or temperature, or having it
+check its own answer gives it no new chance, as self-reflection gives real models none (the
+paper's Table 7: five rounds leave Gemini 2.5 Pro at 64.14 -> 64.20, Claude Sonnet 4 at
+61.04 -> 60.33, GPT-5 at 63.72 -> 64.52). A different worker has luck of its own, so its
+check can pay. A profile's ``call_variation`` is the share of calls that draw fresh luck
+instead (0 for every sandbox worker).
+
 Replies are a few sentences of generic reasoning followed by the final answer in the
-task's format; wrong answers are made to be verifiably wrong. Everything random comes from
-a ``random.Random`` seeded by a hash of (server seed, request seed, worker, messages,
-temperature), so a request always gets the same reply.
+task's format; wrong answers are made to be verifiably wrong. The reasoning text and the
+latency come from a ``random.Random`` seeded by a hash of (server seed, request seed,
+worker, messages, temperature), so a request always gets the same reply.
 
 This module holds the worker and its reply text; finding tasks in the text is
 :mod:`.task_index`, reading, checking and corrupting answers is :mod:`.answers`.
@@ -69,6 +78,7 @@ __all__ = [
     "SimulatedReply",
     "SimulatedWorker",
     "TaskIndex",
+    "TaskLuck",
     "TaskMatch",
     "break_code",
     "count_tokens",
@@ -189,6 +199,21 @@ class SimulatedReply:
     correct: bool | None  # None when no task was recognised
 
 
+@dataclass(frozen=True)
+class TaskLuck:
+    """A worker's draws on one task: uniforms compared with ``skill``, ``verify_skill`` and
+    ``guess_rate``, and the seed of the wrong answer (or guessed letter) it gives."""
+
+    solve: float
+    check: float
+    guess: float
+    answer_seed: int
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> TaskLuck:
+        return cls(rng.random(), rng.random(), rng.random(), rng.getrandbits(64))
+
+
 class SimulatedWorker:
     """One simulated worker: a profile plus the index of the tasks it can recognise."""
 
@@ -219,6 +244,16 @@ class SimulatedWorker:
         digest = hashlib.sha256(payload.encode("utf-8")).digest()
         return random.Random(int.from_bytes(digest[:8], "big"))
 
+    def luck(self, task: Task, call_rng: random.Random | None = None) -> TaskLuck:
+        """The worker's luck on ``task``: fixed for (server seed, worker, task); with the
+        profile's ``call_variation``, that share of calls draws it from ``call_rng``."""
+        variation = self.profile.call_variation
+        if call_rng is not None and variation > 0 and call_rng.random() < variation:
+            return TaskLuck.draw(call_rng)
+        payload = json.dumps([self.base_seed, self.profile.name, task.id], ensure_ascii=False)
+        digest = hashlib.sha256(payload.encode("utf-8")).digest()
+        return TaskLuck.draw(random.Random(int.from_bytes(digest[:8], "big")))
+
     def respond(
         self,
         messages: Sequence[dict[str, Any]],
@@ -235,9 +270,9 @@ class SimulatedWorker:
         task: Task | None = best.task if best else None
         correct: bool | None = None
         if best is not None and best.visible:
-            final, mode, correct = self._answer_visible(best.task, text, rng)
+            final, mode, correct = self._answer_visible(best.task, text, self.luck(best.task, rng))
         elif best is not None:
-            final, mode, correct = self._answer_garbled(best.task, rng)
+            final, mode, correct = self._answer_garbled(best.task, self.luck(best.task, rng))
         else:
             final, mode = self._answer_confused(text, rng), "confused"
 
@@ -282,13 +317,13 @@ class SimulatedWorker:
 
     # -- decisions --
 
-    def _answer_visible(self, task: Task, text: str, rng: random.Random) -> tuple[str, str, bool]:
+    def _answer_visible(self, task: Task, text: str, luck: TaskLuck) -> tuple[str, str, bool]:
         # Earlier attempts: answers put forward in the text, outside the question itself.
         attempts = extract_attempts(text.replace(task.question, " "), task.answer_format)
         right = [a for a in attempts if is_correct(task, a)]
         wrong = [a for a in attempts if not is_correct(task, a)]
-        solved = rng.random() < self.profile.skill_for(task.domain, task.difficulty)
-        checked = rng.random() < self.profile.verify_skill
+        solved = luck.solve < self.profile.skill_for(task.domain, task.difficulty)
+        checked = luck.check < self.profile.verify_skill
         fmt = task.answer_format
         if solved:
             mode = "solve" if not attempts else ("confirm" if right else "fix")
@@ -298,14 +333,16 @@ class SimulatedWorker:
         if wrong and not checked:
             copied = Counter(wrong).most_common(1)[0][0]
             return render_answer(fmt, copied), "copy", False
-        return render_answer(fmt, wrong_answer(task, rng)), "wrong", False
+        own = wrong_answer(task, random.Random(luck.answer_seed))
+        return render_answer(fmt, own), "wrong", False
 
-    def _answer_garbled(self, task: Task, rng: random.Random) -> tuple[str, str, bool]:
+    def _answer_garbled(self, task: Task, luck: TaskLuck) -> tuple[str, str, bool]:
         fmt = task.answer_format
+        rng = random.Random(luck.answer_seed)
         if fmt == "letter":
             pick = rng.choice(LETTERS[: letter_count(task)])
             return render_answer(fmt, pick), "garbled", pick == option_letter(task.answer)
-        if rng.random() < self.profile.guess_rate:
+        if luck.guess < self.profile.guess_rate:
             return render_answer(fmt, task.answer), "garbled", True
         return render_answer(fmt, wrong_answer(task, rng)), "garbled", False
 
