@@ -74,6 +74,7 @@ from conductor_pipeline.workers.sandbox.task_index import (
 __all__ = [
     "NGRAM",
     "RECOGNISED_SHARE",
+    "RIGHT_MODES",
     "VISIBLE_SHARE",
     "SimulatedReply",
     "SimulatedWorker",
@@ -89,6 +90,7 @@ __all__ = [
     "normalise_text",
     "prompt_token_count",
     "render_answer",
+    "visible_reply_mode",
     "wrong_answer",
 ]
 
@@ -197,6 +199,29 @@ class SimulatedReply:
     mode: str  # solve | confirm | fix | adopt | copy | wrong | garbled | confused
     task_id: str | None
     correct: bool | None  # None when no task was recognised
+
+
+# the reply modes whose answer is right
+RIGHT_MODES = frozenset({"solve", "confirm", "fix", "adopt"})
+
+
+def visible_reply_mode(*, solved: bool, checked: bool, right_seen: bool, wrong_seen: bool) -> str:
+    """How a worker answers a task it can see, given its luck (``solved``: it solves the
+    task; ``checked``: it spots whether an earlier attempt is right) and the earlier
+    attempts in its context. The one statement of the rule: the workers and the strategy
+    calculator (:mod:`conductor_pipeline.evaluation.strategies`) both use it.
+
+    ``solve`` / ``confirm`` / ``fix``: right on its own (no attempt seen / a right one seen /
+    only wrong ones seen); ``adopt``: right by taking a correct attempt; ``copy``: wrong by
+    taking a wrong attempt it failed to check; ``wrong``: a wrong answer of its own.
+    """
+    if solved:
+        return "confirm" if right_seen else ("fix" if wrong_seen else "solve")
+    if right_seen and checked:
+        return "adopt"
+    if wrong_seen and not checked:
+        return "copy"
+    return "wrong"
 
 
 @dataclass(frozen=True)
@@ -322,19 +347,19 @@ class SimulatedWorker:
         attempts = extract_attempts(text.replace(task.question, " "), task.answer_format)
         right = [a for a in attempts if is_correct(task, a)]
         wrong = [a for a in attempts if not is_correct(task, a)]
-        solved = luck.solve < self.profile.skill_for(task.domain, task.difficulty)
-        checked = luck.check < self.profile.verify_skill
+        mode = visible_reply_mode(
+            solved=luck.solve < self.profile.skill_for(task.domain, task.difficulty),
+            checked=luck.check < self.profile.verify_skill,
+            right_seen=bool(right),
+            wrong_seen=bool(wrong),
+        )
         fmt = task.answer_format
-        if solved:
-            mode = "solve" if not attempts else ("confirm" if right else "fix")
+        if mode in RIGHT_MODES:
             return render_answer(fmt, task.answer), mode, True
-        if right and checked:
-            return render_answer(fmt, task.answer), "adopt", True
-        if wrong and not checked:
-            copied = Counter(wrong).most_common(1)[0][0]
-            return render_answer(fmt, copied), "copy", False
+        if mode == "copy":
+            return render_answer(fmt, Counter(wrong).most_common(1)[0][0]), mode, False
         own = wrong_answer(task, random.Random(luck.answer_seed))
-        return render_answer(fmt, own), "wrong", False
+        return render_answer(fmt, own), mode, False
 
     def _answer_garbled(self, task: Task, luck: TaskLuck) -> tuple[str, str, bool]:
         fmt = task.answer_format
