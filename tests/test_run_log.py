@@ -177,6 +177,11 @@ def test_the_summary_names_the_best_baseline_the_champion_and_the_reports(tmp_pa
     assert "Evaluation report: data/08_reporting/evaluation_report.html (not written" in text
     assert MLFLOW_UI_COMMAND in text
 
+    # the hand-written pipeline, when it is the best baseline, says it is told the domain
+    told = tmp_path / "told"
+    _write_outputs(told, [*rows, _row("handcrafted", 0.875, 0.0012, 0.05)], decision)
+    assert "by 0.125, p=0.05: handcrafted (told the domain) 0.875" in run_summary(told)
+
 
 def test_the_summary_says_when_the_conductor_leads_and_when_outputs_are_missing(tmp_path):
     _write_outputs(tmp_path, [_row("conductor", 0.9, 0.001), _row("moa", 0.8, 0.002, 0.01)], None)

@@ -32,7 +32,7 @@ def _headline(summary_csv: Path) -> str:
     import pandas as pd
 
     from conductor_pipeline.reporting.display import MissingInput
-    from conductor_pipeline.reporting.evaluation import best_baseline
+    from conductor_pipeline.reporting.evaluation import best_baseline, system_label
 
     summary = pd.read_csv(summary_csv)
     table = summary.set_index("system")
@@ -58,7 +58,7 @@ def _headline(summary_csv: Path) -> str:
     p_text = f", p={float(p_value):.2g}" if p_value == p_value and p_value is not None else ""
     return (
         f"{line}\n  {verdict} the best baseline by {abs(diff):.3f}{p_text}: "
-        f"{describe(str(best), row)}"
+        f"{describe(system_label(str(best)), row)}"
     )
 
 

@@ -19,7 +19,16 @@ from conductor_pipeline.workers.runtime import open_worker_pool
 from .conftest import sandbox_pool_config
 from .fakes import ScriptedConductor, make_tasks
 
-SYSTEMS = ["conductor", "base-policy", "solo", "moa", "random-workflow", "best-of-n", "router"]
+SYSTEMS = [
+    "conductor",
+    "base-policy",
+    "solo",
+    "moa",
+    "random-workflow",
+    "best-of-n",
+    "router",
+    "handcrafted",
+]
 
 
 def _evaluate(pool, tasks, validation, config):

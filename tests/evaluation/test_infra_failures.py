@@ -24,7 +24,16 @@ from .fakes import FakePool, ScriptedConductor, make_tasks
 
 TASKS = make_tasks(4)
 VALIDATION = make_tasks(2, "validation")
-EVERY_SYSTEM = ["conductor", "solo", "moa", "random-workflow", "best-of-n", "router", "oracle"]
+EVERY_SYSTEM = [
+    "conductor",
+    "solo",
+    "moa",
+    "random-workflow",
+    "best-of-n",
+    "router",
+    "handcrafted",
+    "oracle",
+]
 
 
 def _config(**extra) -> EvaluationConfig:
@@ -132,7 +141,7 @@ def test_exhausted_retries_mark_the_pair_infra_failed_and_resume_runs_it_again(c
 
 def stored_systems() -> set[str]:
     """The systems whose pairs go to the store (router and oracle are derived, not run)."""
-    return {"conductor", "moa", "random-workflow", "best-of-n:ace"} | {
+    return {"conductor", "moa", "random-workflow", "best-of-n:ace", "handcrafted"} | {
         f"solo:{name}" for name in ("ace", "mathy", "dud")
     }
 

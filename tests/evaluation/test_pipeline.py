@@ -67,6 +67,7 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
         "random-workflow",
         "best-of-n:sim-sage",
         "router",
+        "handcrafted",
         "oracle",
     }
     assert set(summary["system"]) == expected
@@ -83,6 +84,11 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
     per_question = pd.read_parquet(project / "data/08_reporting/evaluation_results.parquet")
     record = json.loads(per_question[per_question["system"] == "conductor"]["detail"].iloc[0])
     assert record["workflow"] and record["conductor_calls"]
+    handcrafted = per_question[per_question["system"] == "handcrafted"]
+    # each domain's solver (not the checker: auto picks another), then sim-sage checks
+    assert len(handcrafted) == 6 and set(handcrafted["n_steps"]) == {2}
+    assert {json.loads(d)["checker"] for d in handcrafted["detail"]} == {"sim-sage"}
+    assert "sim-sage" not in {json.loads(d)["solver"] for d in handcrafted["detail"]}
     assert (project / "data/08_reporting/evaluation_pareto.png").stat().st_size > 10_000
     assert (project / "data/07_model_output/evaluation/results.jsonl").is_file()
     printed = capsys.readouterr().out
@@ -117,6 +123,9 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
     _run(project)
     info = json.loads((project / "data/08_reporting/evaluation_run_info.json").read_text())
     assert info["pairs_run"] == 0
+    # the hand-written pipeline's choice is in the run info: sim-sage (the dearest) checks
+    assert set(info["handcrafted"]) == {"math", "logic"}
+    assert all(checker == "sim-sage" for _, checker in info["handcrafted"].values())
 
 
 @pytest.mark.slow

@@ -66,6 +66,7 @@ def test_the_built_in_kinds_keep_their_order_and_groups():
         "random-workflow",
         "best-of-n",
         "router",
+        "handcrafted",
         "oracle",
     )
     assert SYSTEM_KINDS[:5] == CONDUCTOR_SYSTEMS
@@ -75,7 +76,7 @@ def test_the_built_in_kinds_keep_their_order_and_groups():
 
 def test_system_order_follows_the_declared_ranks():
     names = ["oracle", "mystery", "best-of-n:a", "solo:b", "moa", "solo:a", "warm-start"]
-    names += ["conductor", "base-policy", "champion", "router", "random-workflow"]
+    names += ["conductor", "base-policy", "champion", "router", "random-workflow", "handcrafted"]
     assert system_order(names) == [
         "conductor",
         "champion",
@@ -87,6 +88,7 @@ def test_system_order_follows_the_declared_ranks():
         "random-workflow",
         "best-of-n:a",
         "router",
+        "handcrafted",
         "oracle",
         "mystery",  # no registered kind: last
     ]

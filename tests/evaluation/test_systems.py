@@ -164,6 +164,7 @@ def test_full_evaluation_derives_router_oracle_and_sizes_the_baselines():
         "random-workflow",
         "best-of-n:ace",
         "router",
+        "handcrafted",
         "oracle",
     }
     tested = [r for r in out.results if r.split == "test"]
@@ -171,6 +172,8 @@ def test_full_evaluation_derives_router_oracle_and_sizes_the_baselines():
     assert out.info["router"] == {"math": "mathy", "logic": "ace"}  # ties broken by cost
     assert out.info["random_workflow_mean_steps"] == 2.0
     assert out.info["best_of_n"]["worker"] == "ace"  # the most expensive
+    # the most expensive worker checks; the router's pick among the others solves
+    assert out.info["handcrafted"] == {"math": ["mathy", "ace"], "logic": ["dud", "ace"]}
     router = {r.question_id: r for r in out.results if r.system == "router"}
     assert all(r.correct for r in router.values())
     assert router[tasks[0].id].note == "routed to mathy"

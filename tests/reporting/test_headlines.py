@@ -119,6 +119,22 @@ def test_evaluation_headline_when_the_conductor_loses():
     assert "4.0× the worker cost per question of router" in text
 
 
+def test_the_handcrafted_pipeline_is_a_baseline_labelled_as_told_the_domain():
+    summary = _summary(
+        [
+            ("conductor", 0.6, 0.004, None),
+            ("router", 0.7, 0.001, 0.3),
+            ("handcrafted", 0.8, 0.002, 0.1),  # the best baseline, unlike the oracle
+            ("oracle", 1.0, 0.001, 0.01),
+        ]
+    )
+    assert ev.best_baseline(summary)["system"] == "handcrafted"
+    assert ev.system_label("handcrafted") == "handcrafted (told the domain)"
+    assert ev.system_label("router") == "router"
+    text = hl.evaluation_headline(summary)
+    assert text.startswith("**Winner: handcrafted (told the domain)** (the best baseline)")
+
+
 def test_evaluation_headline_tie_and_without_results():
     summary = _summary([("conductor", 0.6, 0.001, None), ("solo:a", 0.6, 0.001, 1.0)])
     text = hl.evaluation_headline(summary)

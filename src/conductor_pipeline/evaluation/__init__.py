@@ -16,6 +16,13 @@ No Kedro and no MLflow here (the pipeline's nodes log); from a notebook::
 """
 
 from conductor_pipeline.evaluation.config import CONDUCTOR_SYSTEMS, SYSTEM_KINDS, EvaluationConfig
+from conductor_pipeline.evaluation.fixed_workflows import (
+    FixedWorkflowSystem,
+    HandcraftedSystem,
+    RandomWorkflowSystem,
+    handcrafted_workflow,
+    random_workflow,
+)
 from conductor_pipeline.evaluation.metrics import (
     CONTRACT_COLUMNS,
     bootstrap_ci,
@@ -48,10 +55,8 @@ from conductor_pipeline.evaluation.systems import (
     ConductorSystem,
     MoASystem,
     PoolView,
-    RandomWorkflowSystem,
     SoloSystem,
     majority_vote,
-    random_workflow,
 )
 
 __all__ = [
@@ -63,6 +68,8 @@ __all__ = [
     "ConductorSystem",
     "EvaluationConfig",
     "EvaluationRun",
+    "FixedWorkflowSystem",
+    "HandcraftedSystem",
     "MoASystem",
     "PolicyUnderTest",
     "PoolView",
@@ -77,6 +84,7 @@ __all__ = [
     "derive_router",
     "evaluate",
     "format_table",
+    "handcrafted_workflow",
     "majority_vote",
     "mcnemar_exact",
     "mlflow_metrics",

@@ -6,13 +6,13 @@
     evaluation:
       seed: 0
       test_per_domain: 6          # null: the whole test split
-      validation_per_domain: 4    # questions per domain the router is fitted on
+      validation_per_domain: 4    # questions per domain the router (and handcrafted) pick on
       store: data/07_model_output/evaluation/results.jsonl
       concurrency: 8              # questions in flight for systems without a Conductor
       infra_retries: 3            # a worker call that failed for an infrastructure reason is
       retry_delay_s: 0.5          # asked again this often (delay doubling); see runner.py
       systems: [conductor, conductor+recursion, champion, warm-start, base-policy, solo, moa,
-                random-workflow, best-of-n, router, oracle]
+                random-workflow, best-of-n, router, handcrafted, oracle]
       policy_server: none         # vllm: launch serving.vllm with every adapter evaluated
       conductor: {adapter: null, max_parse_attempts: null, recursion_rounds: 1,
                   batch_size: 4, in_flight: 8}
@@ -21,6 +21,7 @@
       random_workflow: {workers: null}
       best_of_n: {worker: auto, n: auto, max_n: 8}
       router: {workers: null}
+      handcrafted: {solvers: auto, checker: auto}   # or solvers: {<domain>: <worker>, default: ...}
       metrics: {bootstrap_samples: 2000, confidence: 0.95}
       trace_sample: 5             # Conductor questions recorded as MLflow traces
       benchmarks: {}              # name -> loader options (tasks.sources): evaluate on these
@@ -28,7 +29,7 @@
       report_by: domain           # per-group table by task domain or by source (benchmark)
 
 The kinds ``systems`` may list, the sections ``moa``/``random_workflow``/``best_of_n``/
-``router`` and their checks are declared by the kinds themselves
+``router``/``handcrafted`` and their checks are declared by the kinds themselves
 (:mod:`~conductor_pipeline.evaluation.kinds`); this module reads the registry.
 """
 

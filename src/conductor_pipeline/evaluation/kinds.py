@@ -11,23 +11,25 @@ from __future__ import annotations
 import asyncio
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from conductor_pipeline.evaluation.fixed_workflows import HandcraftedSystem, RandomWorkflowSystem
 from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.evaluation.registry import (
+    KINDS,
     RunContext,
     SystemKind,
     check_int,
     check_names,
+    check_worker,
     register,
 )
 from conductor_pipeline.evaluation.systems import (
     BestOfNSystem,
     ConductorSystem,
     MoASystem,
-    RandomWorkflowSystem,
     SoloSystem,
     System,
     fingerprint,
@@ -120,8 +122,9 @@ class BasePolicy(ConductorKind):
 
 @register
 class Solo(SystemKind):
-    """Every worker on the question as it is; also on the validation questions the router
-    is fitted on (for the workers the router may pick, when the router is listed)."""
+    """Every worker on the question as it is; also on the validation questions, for the
+    workers whose validation answers a listed kind reads (``fitted_workers``: the router's
+    candidates, for instance)."""
 
     name, rank, per_worker = "solo", (3, 0), True
 
@@ -129,9 +132,7 @@ class Solo(SystemKind):
         return [SoloSystem(ctx.pool, i, pool_id=ctx.pool_id) for i in range(len(ctx.pool.names))]
 
     def _fitted(self, ctx: RunContext, solos: Sequence[System]) -> list[System]:
-        if not ctx.config.wants("router"):
-            return []
-        names = ctx.settings("router").workers or list(ctx.pool.names)
+        names = {n for kind in ctx.config.systems for n in KINDS[kind].fitted_workers(ctx)}
         return [s for s in solos if s.name[len("solo:") :] in names]
 
     def pairs(self, ctx: RunContext) -> int:
@@ -264,6 +265,15 @@ class BestOfN(SystemKind):
     def systems(self, ctx: RunContext) -> list[System]:
         return [best_of_n_system(ctx)]
 
+    def fitted_workers(self, ctx: RunContext) -> list[str]:
+        return _strongest_reads(ctx) if ctx.settings(self.name).worker == "auto" else []
+
+
+def _strongest_reads(ctx: RunContext) -> list[str]:
+    """The workers whose validation answers :func:`_strongest_worker` reads: none when the
+    pool has prices, else every worker."""
+    return [] if any(p is not None for p in ctx.pool.prices) else list(ctx.pool.names)
+
 
 def _strongest_worker(ctx: RunContext) -> int:
     pool = ctx.pool
@@ -303,7 +313,8 @@ def best_of_n_system(ctx: RunContext) -> BestOfNSystem:
 
 
 # ---------------------------------------------------------------------------------------
-# Derived from the solo results, without calls
+# Chosen per domain from the solo validation results: the router (derived, without calls)
+# and the hand-written pipeline (told the domain); the oracle (derived from the test rows)
 # ---------------------------------------------------------------------------------------
 
 _FROM_SOLO = "is derived from the solo results; list solo as well"
@@ -314,6 +325,10 @@ class RouterSettings:
     workers: list[str] | None = None  # the candidates; None: every worker
 
 
+def _router_candidates(ctx: RunContext) -> list[str]:
+    return ctx.settings("router").workers or list(ctx.pool.names)
+
+
 @register
 class Router(SystemKind):
     name, rank, phase, section, Settings = "router", (7, 0), "derived", "router", RouterSettings
@@ -322,11 +337,107 @@ class Router(SystemKind):
     def parse(self, section: dict[str, Any]) -> RouterSettings:
         return RouterSettings(check_names(section.get("workers"), "router.workers"))
 
+    def fitted_workers(self, ctx: RunContext) -> list[str]:
+        return _router_candidates(ctx)
+
     async def run(self, ctx: RunContext) -> None:
-        candidates = ctx.settings("router").workers or list(ctx.pool.names)
         ctx.results["router"] = derive_router(
-            ctx.results, ctx.validation_results, candidates, ctx.test_tasks, ctx.pool_id, ctx.info
+            ctx.results,
+            ctx.validation_results,
+            _router_candidates(ctx),
+            ctx.test_tasks,
+            ctx.pool_id,
+            ctx.info,
         )
+
+
+@dataclass(frozen=True)
+class HandcraftedSettings:
+    # domain -> worker name or "auto" (the router's pick among its candidates other than the
+    # checker); "default": every unlisted domain. Empty (``solvers: auto``): auto everywhere
+    solvers: dict[str, str] = field(default_factory=dict)
+    checker: str = "auto"  # auto: the strongest worker (as best-of-n picks it)
+
+    def solver(self, domain: str) -> str:
+        return self.solvers.get(domain, self.solvers.get("default", "auto"))
+
+
+@register
+class Handcrafted(SystemKind):
+    """The paper's foil, a rigid hand-written pipeline that is *told* each question's domain
+    (the Conductor infers it from the text): the domain's solver answers, then the checker
+    sees that attempt and gives the final answer; where the solver is the checker, it alone
+    (:func:`handcrafted_choice` says who is which). Phase ``workers``, registered after
+    ``solo``: it reads solo's validation answers."""
+
+    name, rank, section, Settings = "handcrafted", (7, 1), "handcrafted", HandcraftedSettings
+    needs, needs_reason = "solo", "picks its solvers from the solo results; list solo as well"
+    label_note = "told the domain"
+
+    def parse(self, section: dict[str, Any]) -> HandcraftedSettings:
+        solvers = section.get("solvers", "auto")
+        if solvers == "auto":
+            solvers = {}
+        elif not (
+            isinstance(solvers, Mapping)
+            and solvers
+            and all(isinstance(k, str) and isinstance(v, str) and v for k, v in solvers.items())
+        ):
+            raise ValueError(
+                "evaluation.handcrafted.solvers: must be 'auto' or a mapping of domain to worker "
+                f"name or 'auto' ('default': any other domain), got {solvers!r}"
+            )
+        checker = section.get("checker", "auto")
+        if not isinstance(checker, str) or not checker:
+            raise ValueError(
+                f"evaluation.handcrafted.checker: must be 'auto' or a worker name, got {checker!r}"
+            )
+        return HandcraftedSettings(solvers=dict(solvers), checker=checker)
+
+    def _auto_domains(self, ctx: RunContext) -> list[str]:
+        settings = ctx.settings(self.name)
+        return sorted({t.domain for t in ctx.test_tasks if settings.solver(t.domain) == "auto"})
+
+    def check(self, ctx: RunContext) -> None:
+        settings = ctx.settings(self.name)
+        for domain, name in settings.solvers.items():
+            if name != "auto":
+                check_worker(ctx.pool, name, f"handcrafted.solvers.{domain}")
+        if settings.checker != "auto":
+            check_worker(ctx.pool, settings.checker, "handcrafted.checker")
+
+    def fitted_workers(self, ctx: RunContext) -> list[str]:
+        solvers = _router_candidates(ctx) if self._auto_domains(ctx) else []
+        checkers = _strongest_reads(ctx) if ctx.settings(self.name).checker == "auto" else []
+        return solvers + checkers
+
+    def systems(self, ctx: RunContext) -> list[System]:
+        choice = handcrafted_choice(ctx, self._auto_domains(ctx))
+        ctx.info["handcrafted"] = {domain: list(pair) for domain, pair in choice.items()}
+        orchestration = ctx.orchestration
+        system = HandcraftedSystem(
+            ctx.pool,
+            choice,
+            prompt=orchestration.prompt,
+            budget=orchestration.budget,
+            pool_id=ctx.pool_id,
+        )
+        return [system]
+
+
+def handcrafted_choice(ctx: RunContext, auto: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Per test domain, (solver, checker): the configured checker or the strongest worker;
+    the configured solver, or in the ``auto`` domains the router's pick
+    (:func:`route_by_domain`) among its candidates other than the checker, since a worker
+    checking its own attempt gains nothing (the checker alone if it is the only one)."""
+    settings, pool = ctx.settings("handcrafted"), ctx.pool
+    checker = settings.checker
+    if checker == "auto":
+        checker = pool.names[_strongest_worker(ctx)]
+    candidates = [w for w in _router_candidates(ctx) if w != checker] or [checker]
+    routed = route_by_domain(ctx.validation_results, candidates, auto)
+    domains = sorted({t.domain for t in ctx.test_tasks})
+    return {d: (routed.get(d) or settings.solver(d), checker) for d in domains}
 
 
 @register
@@ -338,6 +449,30 @@ class Oracle(SystemKind):
         ctx.results["oracle"] = derive_oracle(solos, ctx.pool_id)
 
 
+def route_by_domain(
+    validation_results: Mapping[str, list[QuestionResult]],
+    candidates: Sequence[str],
+    domains: Iterable[str],
+) -> dict[str, str]:
+    """Per domain, the candidate with the best validation accuracy in that domain (ties:
+    the cheaper; a domain absent from validation: the best overall). Infra-failed validation
+    answers say nothing about a worker and are left out."""
+
+    def rank(rows: list[QuestionResult]) -> tuple[float, float]:
+        return (_mean(r.correct for r in rows) or 0.0, -(_mean(r.cost_usd for r in rows) or 0.0))
+
+    overall = {w: _scored(validation_results.get(f"solo:{w}", [])) for w in candidates}
+    default = max(candidates, key=lambda w: rank(overall[w]))
+    choice: dict[str, str] = {}
+    for domain in sorted(set(domains)):
+        rows = {w: [r for r in overall[w] if r.domain == domain] for w in candidates}
+        if any(rows.values()):
+            choice[domain] = max(candidates, key=lambda w: rank(rows[w]))
+        else:
+            choice[domain] = default
+    return choice
+
+
 def derive_router(
     results: dict[str, list[QuestionResult]],
     validation_results: dict[str, list[QuestionResult]],
@@ -346,23 +481,9 @@ def derive_router(
     pool_id: str,
     info: dict[str, Any],
 ) -> list[QuestionResult]:
-    """One worker per domain: the candidate with the best validation accuracy in that domain
-    (ties: the cheaper; a domain absent from validation: the best overall). Each test answer
-    is that worker's solo answer."""
-
-    def rank(rows: list[QuestionResult]) -> tuple[float, float]:
-        return (_mean(r.correct for r in rows) or 0.0, -(_mean(r.cost_usd for r in rows) or 0.0))
-
-    # an infra-failed validation answer says nothing about the worker
-    overall = {w: _scored(validation_results.get(f"solo:{w}", [])) for w in candidates}
-    default = max(candidates, key=lambda w: rank(overall[w]))
-    choice: dict[str, str] = {}
-    for domain in sorted({t.domain for t in test_tasks}):
-        rows = {w: [r for r in overall[w] if r.domain == domain] for w in candidates}
-        if any(rows.values()):
-            choice[domain] = max(candidates, key=lambda w: rank(rows[w]))
-        else:
-            choice[domain] = default
+    """One worker per domain (:func:`route_by_domain`); each test answer is that worker's
+    solo answer."""
+    choice = route_by_domain(validation_results, candidates, (t.domain for t in test_tasks))
     info["router"] = choice
     variant = fingerprint("router", pool_id, choice)
     by_system = {name: {r.question_id: r for r in rows} for name, rows in results.items()}

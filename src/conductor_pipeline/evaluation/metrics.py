@@ -115,8 +115,8 @@ def step_workers(value: Any) -> list[str]:
 def system_order(names: Sequence[str]) -> list[str]:
     """By each kind's declared rank (:mod:`~conductor_pipeline.evaluation.kinds`): the
     Conductor systems first (the warm start right after the trained Conductor it started,
-    then the untrained base), then solo, moa, random, best-of-n, router, oracle; names of no
-    registered kind last; ties in the order given."""
+    then the untrained base), then solo, moa, random, best-of-n, router, handcrafted, oracle;
+    names of no registered kind last; ties in the order given."""
     seen = list(dict.fromkeys(names))
     return sorted(seen, key=lambda n: (rank_of(n), seen.index(n)))
 

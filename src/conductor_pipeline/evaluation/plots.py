@@ -1,6 +1,6 @@
 """The cost–accuracy plot: every system at its cost per question (log scale) and accuracy,
 with its confidence interval, the Pareto front drawn through the systems nothing beats on
-both, and simulated workers labelled as such."""
+both, simulated workers labelled as such and a kind's ``label_note`` added to its name."""
 
 from __future__ import annotations
 
@@ -10,11 +10,15 @@ from typing import Any
 import pandas as pd
 
 from conductor_pipeline.evaluation.metrics import pareto_front
+from conductor_pipeline.evaluation.registry import label_note
 
 
 def _label(system: str) -> str:
     worker = system.split(":", 1)[1] if ":" in system else ""
-    return f"{system} (simulated)" if worker.startswith("sim-") else system
+    if worker.startswith("sim-"):
+        return f"{system} (simulated)"
+    note = label_note(system)
+    return f"{system} ({note})" if note else system
 
 
 # roughly how wide one character of a label is on the log axis (to leave room on the right)

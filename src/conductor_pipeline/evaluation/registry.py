@@ -10,7 +10,8 @@ When a kind runs (``phase``):
 
 - ``conductor``: its systems run question-major together with the other Conductor kinds;
 - ``workers``: in registry order, alongside the Conductor phase (``moa`` after ``solo``, so
-  its first layer comes from the response cache);
+  its first layer comes from the response cache; ``handcrafted`` after ``solo``, whose
+  validation answers it picks workers from);
 - ``sized``: in registry order once both are done (it reads the Conductor's results);
 - ``derived``: last, from the stored results, without calls.
 """
@@ -63,6 +64,14 @@ def check_names(value: Any, key: str) -> list[str] | None:
     if isinstance(value, str) or not isinstance(value, Sequence) or not value:
         raise ValueError(f"evaluation.{key}: must be a non-empty list of worker names or null")
     return [str(v) for v in value]
+
+
+def check_worker(pool: PoolView, name: str, key: str) -> int:
+    """The pool position of the worker ``name``; a ``ValueError`` naming ``evaluation.<key>``
+    when the pool has no such worker."""
+    if name not in pool.names:
+        raise ValueError(f"evaluation.{key}: no worker named {name!r} in the pool {pool.names}")
+    return pool.names.index(name)
 
 
 def check_section(params: Mapping[str, Any], name: str, allowed: set[str]) -> dict[str, Any]:
@@ -135,6 +144,7 @@ class SystemKind:
     they are). ``needs``/``needs_reason``: a kind this one cannot run without, and why.
     ``rank``: where its rows sort in tables (lower first). ``per_worker``: its systems are
     named ``<name>:<worker>``. ``writes_workflows``: a Conductor model (reported as one).
+    ``label_note``: a few words reports add to its name (``handcrafted (told the domain)``).
     """
 
     name: ClassVar[str]
@@ -146,6 +156,7 @@ class SystemKind:
     needs_reason: ClassVar[str] = ""
     per_worker: ClassVar[bool] = False
     writes_workflows: ClassVar[bool] = False
+    label_note: ClassVar[str | None] = None
 
     def parse(self, section: dict[str, Any]) -> Any:
         """The settings from the YAML section (unknown keys already refused)."""
@@ -156,6 +167,15 @@ class SystemKind:
         if self.per_worker:
             return system.startswith(f"{self.name}:")
         return system == self.name
+
+    def check(self, ctx: RunContext) -> None:
+        """Refuse settings that do not fit the pool (a ``ValueError`` naming the key), before
+        any system runs."""
+
+    def fitted_workers(self, ctx: RunContext) -> list[str]:
+        """The workers whose solo answers on the validation questions this kind reads
+        (``ctx.validation_results``): the ``solo`` kind runs them for it."""
+        return []
 
     def pairs(self, ctx: RunContext) -> int:
         """(system, question) pairs it will run, for the progress bar."""
@@ -195,3 +215,9 @@ def kind_of(system: str) -> SystemKind | None:
 def rank_of(system: str) -> tuple[int, int]:
     kind = kind_of(system)
     return kind.rank if kind is not None else UNRANKED
+
+
+def label_note(system: str) -> str | None:
+    """What reports add to a system's name (its kind's ``label_note``), if anything."""
+    kind = kind_of(system)
+    return kind.label_note if kind is not None else None

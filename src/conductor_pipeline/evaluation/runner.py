@@ -6,8 +6,8 @@ listed kind declares (:mod:`~conductor_pipeline.evaluation.kinds`):
 1. At once: the Conductor systems (``conductor``, ``conductor+recursion``, ``champion``,
    ``warm-start``, ``base-policy``; at most ``conductor.in_flight`` questions in flight,
    their samples batched), and the solo runs of every worker on the test questions and on
-   the validation questions the router is fitted on, followed by ``moa`` (whose first
-   layer then comes from the response cache).
+   the validation questions the router (and ``handcrafted``) pick workers from, followed by
+   ``moa`` (whose first layer then comes from the response cache) and ``handcrafted``.
 2. Once the Conductor is done: ``random-workflow`` (sized by its mean workflow length) and
    ``best-of-n`` (``n`` matched to its mean cost).
 3. Derived without calls: ``router`` and ``oracle``.
@@ -293,8 +293,9 @@ async def evaluate(
         pool=pool,
         orchestration=orchestration,
         test_tasks=test_tasks,
-        # the router's fitting questions, run only when the router is listed
-        validation_tasks=list(validation_tasks) if config.wants("router") else [],
+        # the questions the router and handcrafted pick workers on; solo runs them for the
+        # workers a listed kind reads (SystemKind.fitted_workers), none when no kind does
+        validation_tasks=list(validation_tasks),
         pool_id=pool_id,
         policies={**policies, "champion": champion},
         shared=models,
@@ -303,6 +304,8 @@ async def evaluate(
         info={"pool": list(pool.names), "n_test": len(test_tasks)},
     )
     kinds = [kind for name, kind in KINDS.items() if config.wants(name)]
+    for kind in kinds:
+        kind.check(ctx)  # settings that do not fit the pool fail before any work
     conductor_systems = [s for k in kinds if k.phase == "conductor" for s in k.systems(ctx)]
     total = len(conductor_systems) * len(test_tasks)
     total += sum(k.pairs(ctx) for k in kinds if k.phase != "conductor")

@@ -9,14 +9,13 @@ paper's (§5):
   cache with the solo runs); each further layer sees the previous layer's answers; one
   aggregator, drawn per question (seeded) or fixed, sees the question and all final-layer
   proposals and writes the answer. The paper's setting is 1 proposer layer + 1 aggregator.
-- ``random-workflow``: a workflow drawn at random — random workers, a length whose mean is
-  the Conductor's mean workflow length, every subtask containing the question, and binary
-  access (``"all"`` or nothing, as the paper's Conductor writes) — run by the same executor.
 - ``best-of-n:<worker>``: ``n`` samples of one worker (sample 0 is its solo answer) and a
   majority vote over the extracted final answers (self-consistency).
 
-``router`` and ``oracle`` make no calls; their kinds in :mod:`conductor_pipeline.evaluation.kinds`
-derive them from the solo results, and say when and with which settings each system runs.
+The baselines that run a workflow of their own (``random-workflow``, ``handcrafted``) are in
+:mod:`conductor_pipeline.evaluation.fixed_workflows`. ``router`` and ``oracle`` make no
+calls; their kinds in :mod:`conductor_pipeline.evaluation.kinds` derive them from the solo
+results, and say when and with which settings each system runs.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import math
 import random
 import time
 from collections import Counter
@@ -37,15 +35,7 @@ from conductor_pipeline.tasks import Task, verify
 from conductor_pipeline.tasks.verifiers import extract_final_answer
 from conductor_pipeline.workers.pricing import pool_token_prices
 from conductor_pipeline.workers.types import WorkerReply
-from conductor_pipeline.workflow import (
-    Budget,
-    OrchestrationConfig,
-    PromptConfig,
-    Step,
-    Workflow,
-    execute_workflow,
-    orchestrate,
-)
+from conductor_pipeline.workflow import OrchestrationConfig, orchestrate
 
 
 def fingerprint(*parts: Any) -> str:
@@ -163,7 +153,8 @@ def _from_calls(
     return result
 
 
-async def _finish(result: QuestionResult, task: Task, answer: str) -> QuestionResult:
+async def finish_result(result: QuestionResult, task: Task, answer: str) -> QuestionResult:
+    """``result`` with ``answer`` and the verifier's verdict on it."""
     verdict = await judge(task, answer)
     result.answer = answer
     result.correct = bool(verdict.correct)
@@ -265,7 +256,7 @@ class ConductorSystem(System):
             result.n_steps = len(final.workflow)
             result.access_pattern = final.workflow.access_pattern()
         result.detail = record
-        return await _finish(result, task, outcome.answer)
+        return await finish_result(result, task, outcome.answer)
 
 
 # ---------------------------------------------------------------------------------------
@@ -292,7 +283,7 @@ class SoloSystem(System):
             time.perf_counter() - start,
         )
         result.detail = {"calls": [_reply_record(self.pool, self.worker, reply)]}
-        return await _finish(result, task, reply.text or "")
+        return await finish_result(result, task, reply.text or "")
 
 
 _AGGREGATE = (
@@ -365,104 +356,7 @@ class MoASystem(System):
         result.n_steps = len(calls)
         result.note = note
         result.detail = {"aggregator": self.pool.names[aggregator], "calls": calls}
-        return await _finish(result, task, answer)
-
-
-_SOLVE = "Solve the problem below and end with the final answer in the format it asks for.\n\n{q}"
-_SOLVE_SEEING = (
-    "Earlier attempts are shown above: check them, then solve the problem below and end "
-    "with the final answer in the format it asks for.\n\n{q}"
-)
-
-
-def random_workflow(
-    question: str,
-    n_workers: int | Sequence[int],
-    mean_steps: float,
-    rng: random.Random,
-    max_steps: int = 5,
-) -> Workflow:
-    """A random workflow: the length is ``floor(mean)`` or ``ceil(mean)`` (so its mean is
-    ``mean_steps``), workers are drawn uniformly (from ``n_workers`` or the given indices),
-    every subtask contains the question, and access is binary: step 0 sees nothing, each
-    later step sees all earlier steps or none, with equal chance."""
-    workers = list(range(n_workers)) if isinstance(n_workers, int) else list(n_workers)
-    mean_steps = min(max(mean_steps, 1.0), float(max_steps))
-    base = math.floor(mean_steps)
-    length = base + (1 if rng.random() < mean_steps - base else 0)
-    length = min(max(length, 1), max_steps)
-    steps = []
-    for i in range(length):
-        sees_all = i > 0 and rng.random() < 0.5
-        template = _SOLVE_SEEING if sees_all else _SOLVE
-        steps.append(
-            Step(
-                rng.choice(workers),
-                template.format(q=question.strip()),
-                tuple(range(i)) if sees_all else (),
-            )
-        )
-    return Workflow(steps)
-
-
-class RandomWorkflowSystem(System):
-    name = "random-workflow"
-
-    def __init__(
-        self,
-        pool: PoolView,
-        mean_steps: float,
-        *,
-        workers: Sequence[int] | None = None,
-        prompt: PromptConfig | None = None,
-        budget: Budget | None = None,
-        max_steps: int = 5,
-        seed: int = 0,
-        pool_id: str = "",
-    ):
-        self.pool, self.mean_steps, self.seed, self.max_steps = pool, mean_steps, seed, max_steps
-        self.workers = list(workers) if workers is not None else list(range(len(pool.names)))
-        self.prompt, self.budget = prompt or PromptConfig(), budget
-        self.variant = fingerprint(
-            "random-workflow",
-            pool_id,
-            round(mean_steps, 2),
-            [pool.names[w] for w in self.workers],
-            self.prompt.question_to_workers,
-            budget,
-            max_steps,
-            seed,
-        )
-
-    async def answer(self, task: Task, split: str) -> QuestionResult:
-        rng = random.Random(f"random-workflow:{self.seed}:{task.id}")
-        workflow = random_workflow(
-            task.question, self.workers, self.mean_steps, rng, self.max_steps
-        )
-        execution = await execute_workflow(
-            workflow,
-            task.question,
-            self.pool.call,
-            config=self.prompt,
-            budget=self.budget,
-            worker_names=self.pool.names,
-        )
-        result = self.blank(task, split)
-        ran = [s for s in execution.steps if s.started_at is not None]
-        result.cost_usd, result.tokens, result.calls = (
-            execution.cost_usd,
-            execution.tokens,
-            execution.calls,
-        )
-        result.failed_calls = execution.infra_failures
-        result.infra_failure = result.failed_calls > 0
-        result.cache_hits = execution.cache_hits
-        result.latency_s = execution.latency_s
-        result.workers = [s.worker_name or self.pool.names[s.worker] for s in ran]
-        result.n_steps = len(workflow)
-        result.access_pattern = workflow.access_pattern()
-        result.detail = {"workflow": workflow.to_dict(), "execution": execution.to_dict()}
-        return await _finish(result, task, execution.answer)
+        return await finish_result(result, task, answer)
 
 
 def _vote_key(extracted: str | None, answer_format: str) -> str | None:
@@ -527,4 +421,4 @@ class BestOfNSystem(System):
         result.n_steps = self.n
         result.note = self.note or None
         result.detail = {"n": self.n, "chosen_sample": chosen, "votes": votes, "calls": calls}
-        return await _finish(result, task, texts[chosen] if chosen is not None else "")
+        return await finish_result(result, task, texts[chosen] if chosen is not None else "")

@@ -22,6 +22,7 @@ import pandas as pd
 # report counts workflow steps exactly as the summary's usage shares do
 from conductor_pipeline.evaluation.config import CONDUCTOR_SYSTEMS
 from conductor_pipeline.evaluation.metrics import step_workers
+from conductor_pipeline.evaluation.registry import label_note
 from conductor_pipeline.reporting.display import MissingInput, new_figure
 
 PATTERNS = ("single", "chain", "independent", "tree")
@@ -53,8 +54,13 @@ def load_json(path: str | Path | None, what: str) -> dict[str, Any]:
 
 
 def system_label(system: str) -> str:
+    """The name reports show: simulated workers say so, and a kind's ``label_note`` is
+    added (``handcrafted (told the domain)``)."""
     worker = system.split(":", 1)[1] if ":" in system else ""
-    return f"{system} (simulated worker)" if worker.startswith("sim-") else system
+    if worker.startswith("sim-"):
+        return f"{system} (simulated worker)"
+    note = label_note(system)
+    return f"{system} ({note})" if note else system
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -486,7 +492,8 @@ def registry_versions(tracking_uri: str, name: str = "conductor", limit: int = 1
 
 
 # systems that are not baselines to beat: the oracle reads the answer key (an upper bound),
-# and the Conductor systems are the Conductor itself, its warm start and its base policy
+# and the Conductor systems are the Conductor itself, its warm start and its base policy.
+# ``handcrafted`` is one (a pipeline one could run; its label says it is told the domain)
 NOT_BASELINES = frozenset({"oracle", *CONDUCTOR_SYSTEMS})
 
 
