@@ -423,3 +423,44 @@ async def test_partial_credit_counts_in_round_zero_and_in_recursion_rounds(
     )
     assert not out.recursion_kept and out.recursion_reward == pytest.approx(0.7)
     assert out.reward == pytest.approx(0.75 * 1.0 + 0.25 * 0.7)
+
+
+# -- what the Conductor tries, and what trying pays --------------------------------------------
+
+
+async def test_a_failed_score_says_what_it_attempted():
+    unequal = await score(
+        "model_id = [1, 0]\nsubtasks = ['Solve it.']\naccess_list = [[], 'all']", FakePool([TASK])
+    )
+    assert not unequal.parsed and unequal.unequal_lists and unequal.attempted_steps == 2
+    garbled = await score("model_id = [0, 1, 2]\nsubtasks = ['a', 'b', 'c']", FakePool([TASK]))
+    assert garbled.attempted_steps == 3 and not garbled.unequal_lists
+    assert (await score("no workflow", FakePool([TASK]))).attempted_steps == 0
+    parsed = await score(workflow_text([1, 0], [Q, "Check."], [[], "all"]), FakePool([TASK]))
+    assert parsed.attempted_steps == 2 and not parsed.unequal_lists
+
+
+def _attempt(steps: int, reward: float | None, *, unequal: bool = False) -> RolloutScore:
+    return RolloutScore(
+        reward=reward, correctness=reward, parsed=not unequal and steps > 0, n_steps=steps,
+        attempted_steps=steps, unequal_lists=unequal, masked=reward is None,
+    )  # fmt: skip
+
+
+def test_multi_step_attempts_and_their_reward_gap_per_group():
+    stats = RolloutStats(["a", "b"], group_size=4)
+    group_1 = [_attempt(1, 0.5), _attempt(1, 1.0), _attempt(2, 1.0), _attempt(2, 0.0, unequal=True)]
+    group_2 = [_attempt(1, 1.0), _attempt(3, 1.0), _attempt(0, 0.0), _attempt(2, None)]
+    group_3 = [_attempt(1, 0.5)] * 4  # no multi-step attempt: no gap to take
+    stats.add(group_1 + group_2)
+    stats.add(group_3)
+    metrics = stats.drain()
+    assert metrics["rollouts/multi_step_attempt_share"] == pytest.approx(4 / 12)
+    assert metrics["rollouts/unequal_lists_rate"] == pytest.approx(1 / 12)
+    # group 1: 0.5 - 0.75; group 2: 1.0 - 1.0 (the masked attempt does not count)
+    assert metrics["reward/multi_minus_single"] == pytest.approx((-0.25 + 0.0) / 2)
+    stats.add(group_3)
+    assert "reward/multi_minus_single" not in stats.drain()
+    # a batch that is not whole groups adds rollouts but no group
+    stats.add(group_1[:3])
+    assert "reward/multi_minus_single" not in stats.drain()

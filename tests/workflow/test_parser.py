@@ -9,8 +9,10 @@ import pytest
 from conductor_pipeline.workflow import (
     ParseLimits,
     Step,
+    UnequalListsError,
     Workflow,
     WorkflowParseError,
+    attempted_steps,
     parse_workflow,
     render_workflow,
     workflow_from_lists,
@@ -348,3 +350,30 @@ def test_escaped_surrogate_pairs_become_their_character(quote):
     assert [s.subtask for s in wf.steps] == ["a\U0001f600b", "lone \ufffd here"]
     for step in wf.steps:
         step.subtask.encode("utf-8")  # valid text
+
+
+# --------------------------------------------------------------------------- attempts
+
+
+def test_unequal_lists_have_their_own_error():
+    with pytest.raises(UnequalListsError, match="equal length"):
+        parse_workflow(lists("[0, 1]", "['a']", "[[], []]"), 3)
+    with pytest.raises(WorkflowParseError) as caught:
+        parse_workflow(lists("[0, 7]", "['a', 'b']", "[[], []]"), 3)
+    assert not isinstance(caught.value, UnequalListsError)
+
+
+@pytest.mark.parametrize(
+    ("text", "steps"),
+    [
+        (PY, 3),
+        (lists("[0, 1]", "['a']", "[[], []]"), 2),  # unequal: still two steps attempted
+        ("model_id = [0, 1, 2, 3]\nsubtasks = ['a'", 4),  # cut off after the ids
+        ("Plan: model_id = [0]\n" + lists("[1, 2]", "['a', 'b']", "[[], 'all']"), 2),  # the last
+        ("model_id = [0, 1", 0),  # no list could be read
+        ("I would ask worker 1.", 0),
+        (None, 0),
+    ],
+)
+def test_attempted_steps_counts_the_last_readable_model_id_list(text, steps):
+    assert attempted_steps(text) == steps

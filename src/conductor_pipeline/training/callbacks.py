@@ -24,14 +24,24 @@ LogMetrics = Callable[[dict[str, float], int], None]
 class RolloutSampleLog:
     """Appends a few rollouts per step to a JSONL file (``stage``, ``step``, ``question``,
     ``completion``, ``reward``, ``parsed``, ``masked``, ``correct``, ``workers``), for the
-    training report's early-vs-late examples. ``per_step`` rows: the first rollout of each
-    group, then the next ones."""
+    training report's early-vs-late examples. ``per_step`` rows, one per group (the
+    batch holds groups of ``group_size`` rollouts of one prompt): the first rollout of each
+    group, so the rows show as many questions as they can."""
 
-    def __init__(self, path: Path, stage: str, *, per_step: int = 4, step_offset: int = 0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        stage: str,
+        *,
+        per_step: int = 4,
+        step_offset: int = 0,
+        group_size: int = 1,
+    ) -> None:
         self.path = path
         self.stage = stage
         self.per_step = per_step
         self.step_offset = step_offset
+        self.group_size = max(int(group_size), 1)
 
     def forget_after(self, step: int) -> None:
         """Drop this stage's rows after ``step`` (they are recomputed after a resume)."""
@@ -49,7 +59,7 @@ class RolloutSampleLog:
         if batch.step is None or not batch.scores:
             return
         rows = []
-        for i in range(min(self.per_step, len(batch.scores))):
+        for i in list(range(0, len(batch.scores), self.group_size))[: self.per_step]:
             score = batch.scores[i]
             rows.append(
                 {

@@ -271,11 +271,14 @@ def _build_trainer(run: _Run, stage: _Stage) -> tuple[Any, RolloutSampleLog | No
     model = with_adapter(model, stage.init_adapter)
     peft_config = lora_config(config, num_layers(model)) if stage.init_adapter is None else None
     args = grpo_args(config, stage_dir, max_steps=stage.max_steps, overrides=run.grpo_overrides)
-    stats = RolloutStats(run.pool.names)
+    stats = RolloutStats(run.pool.names, group_size=config.grpo.num_generations)
     # several processes: the main one keeps the samples file (of its share of the rollouts)
     samples = (
         RolloutSampleLog(
-            run.run_dir / ROLLOUT_SAMPLES_FILE, stage.name, step_offset=stage.step_offset
+            run.run_dir / ROLLOUT_SAMPLES_FILE,
+            stage.name,
+            step_offset=stage.step_offset,
+            group_size=config.grpo.num_generations,
         )
         if is_main_process()
         else None

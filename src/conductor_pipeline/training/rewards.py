@@ -209,7 +209,9 @@ class ConductorReward:
         self.recursion_policy = recursion_policy
         self.recursion_share = recursion_share
         self.recursion_discount = recursion_discount
-        self.stats = stats if stats is not None else RolloutStats(self.worker_names)
+        self.stats = (
+            stats if stats is not None else RolloutStats(self.worker_names, self.num_generations)
+        )
         self.on_scores = on_scores
         self._semaphores: dict[int, asyncio.Semaphore] = {}
         self.last_scores: list[RolloutScore] = []

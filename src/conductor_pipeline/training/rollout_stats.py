@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from conductor_pipeline.training.scoring import RolloutScore
 from conductor_pipeline.workflow import SHAPES
 
-__all__ = ["RolloutStats", "routing_metrics", "summarise_scores"]
+__all__ = ["RolloutStats", "multi_step_gap", "routing_metrics", "summarise_scores"]
 
 
 class RolloutStats:
@@ -27,12 +27,17 @@ class RolloutStats:
     (wall time spent executing and verifying workflows). What the Conductor learns to do,
     over the parsed rollouts: ``domain/<domain>/worker/<name>`` (share of that domain's
     rollouts whose answer step, the last, went to the worker), ``shape/<shape>`` (share of
-    each workflow shape) and ``workflow/multi_step_share``.
+    each workflow shape) and ``workflow/multi_step_share``. What it tries, over every
+    rollout, parsed or not: ``rollouts/multi_step_attempt_share`` and
+    ``rollouts/unequal_lists_rate``; and what trying pays: ``reward/multi_minus_single``
+    (:func:`multi_step_gap`, over the groups of ``group_size`` consecutive rollouts).
     """
 
-    def __init__(self, worker_names: Sequence[str] | None = None) -> None:
+    def __init__(self, worker_names: Sequence[str] | None = None, group_size: int = 1) -> None:
         self.worker_names = list(worker_names or [])
+        self.group_size = max(int(group_size), 1)
         self._scores: list[RolloutScore] = []
+        self._groups: list[list[RolloutScore]] = []
         self.completion_tokens = 0
         self.score_seconds = 0.0
         self.total_rollouts = 0
@@ -40,19 +45,44 @@ class RolloutStats:
     def add(
         self, scores: Sequence[RolloutScore], completion_tokens: int = 0, seconds: float = 0.0
     ) -> None:
+        """One reward batch, in TRL's order: ``group_size`` rollouts of a prompt together.
+        A batch that is not whole groups (a process's share of a split group) adds no group."""
         self._scores.extend(scores)
+        if len(scores) % self.group_size == 0:
+            size = self.group_size
+            self._groups += [list(scores[i : i + size]) for i in range(0, len(scores), size)]
         self.completion_tokens += int(completion_tokens)
         self.score_seconds += float(seconds)
         self.total_rollouts += len(scores)
 
     def drain(self) -> dict[str, float]:
         scores, self._scores = self._scores, []
+        groups, self._groups = self._groups, []
         tokens, self.completion_tokens = self.completion_tokens, 0
         seconds, self.score_seconds = self.score_seconds, 0.0
         metrics = summarise_scores(scores, self.worker_names, completion_tokens=tokens)
         if metrics:
             metrics["rollouts/score_seconds"] = seconds
+            gap = multi_step_gap(groups)
+            if gap is not None:
+                metrics["reward/multi_minus_single"] = gap
         return metrics
+
+
+def multi_step_gap(groups: Sequence[Sequence[RolloutScore]]) -> float | None:
+    """What a multi-step attempt earns over a single-step one of the same prompt: the mean,
+    over the groups holding both, of (mean reward of the rollouts that attempted two or more
+    steps - mean reward of those that attempted one). Attempts count parsed or not (an
+    unparseable multi-step attempt is part of what trying costs); masked rollouts and
+    completions with no readable ``model_id`` list do not count. ``None``: no such group.
+    This is the signal GRPO gets for writing workflows: below 0, it learns to stop."""
+    gaps = []
+    for group in groups:
+        multi = [s.reward for s in group if s.reward is not None and s.attempted_steps > 1]
+        single = [s.reward for s in group if s.reward is not None and s.attempted_steps == 1]
+        if multi and single:
+            gaps.append(_mean(multi) - _mean(single))  # type: ignore[arg-type]
+    return _mean(gaps) if gaps else None
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -99,6 +129,8 @@ def summarise_scores(
         "rollouts/retries_per_rollout": _mean([max(s.attempts - 1, 0) for s in parsed])
         if parsed
         else 0.0,
+        "rollouts/multi_step_attempt_share": sum(1 for s in scores if s.attempted_steps > 1) / n,
+        "rollouts/unequal_lists_rate": sum(1 for s in scores if s.unequal_lists) / n,
         "workflow/steps_mean": _mean([s.n_steps for s in parsed]),
         "workflow/cost_usd_mean": _mean([s.cost_usd for s in parsed]),
         "workflow/list_cost_usd_mean": _mean([s.list_cost_usd for s in parsed]),

@@ -23,7 +23,9 @@ from conductor_pipeline.workflow import (
     ParseLimits,
     PriorStep,
     PromptConfig,
+    UnequalListsError,
     WorkflowParseError,
+    attempted_steps,
     execute_workflow,
     parse_workflow,
     prior_steps,
@@ -47,7 +49,9 @@ class RolloutScore:
     ``reward`` is ``None`` when the rollout is masked (infrastructure failure after every
     retry). ``correctness`` is the paper component (``unparseable``/``wrong``/``correct``
     value), ``cost_penalty`` what the cost term subtracted. ``infra_failures`` counts
-    failed worker calls over every attempt, ``attempts`` the executions tried. ``domain``
+    failed worker calls over every attempt, ``attempts`` the executions tried.
+    ``attempted_steps``: the steps the completion tried to write, parsed or not;
+    ``unequal_lists``: it failed only because its lists differ in length. ``domain``
     (the task's) and ``shape`` (:func:`~conductor_pipeline.workflow.workflow_shape` of the
     parsed round-0 workflow) let the training metrics show what the Conductor learns to do
     per domain.
@@ -75,6 +79,10 @@ class RolloutScore:
     execution: ExecutionResult | None = None
     domain: str | None = None
     shape: str | None = None
+    # how many steps the completion tried to write, parsed or not (0: no model_id list), and
+    # whether it failed only because its three lists differ in length
+    attempted_steps: int = 0
+    unequal_lists: bool = False
     # recursion (filled only when a recursion round was forced)
     recursion_reward: float | None = None
     recursion_kept: bool | None = None
@@ -223,6 +231,8 @@ async def score_rollout(
             correctness=config.unparseable,
             parse_error=str(err),
             domain=task.domain,
+            attempted_steps=attempted_steps(completion_text),
+            unequal_lists=isinstance(err, UnequalListsError),
         )
 
     result, reason, attempts, failed_calls, calls = await _execute_with_retries(
@@ -253,6 +263,7 @@ async def score_rollout(
         execution=result,
         domain=task.domain,
         shape=workflow_shape(workflow),
+        attempted_steps=len(workflow),
     )
     if reason is not None:
         score.masked = True

@@ -19,7 +19,12 @@ from conductor_pipeline.workflow.orchestrator import (
     RoundRecord,
     orchestrate,
 )
-from conductor_pipeline.workflow.parser import parse_workflow, render_workflow, workflow_from_lists
+from conductor_pipeline.workflow.parser import (
+    attempted_steps,
+    parse_workflow,
+    render_workflow,
+    workflow_from_lists,
+)
 from conductor_pipeline.workflow.policy import (
     ConductorPolicy,
     EndpointPolicy,
@@ -37,7 +42,13 @@ from conductor_pipeline.workflow.prompts import (
     worker_messages,
 )
 from conductor_pipeline.workflow.shapes import SHAPES, WorkflowShape, workflow_shape
-from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow, WorkflowParseError
+from conductor_pipeline.workflow.types import (
+    ParseLimits,
+    Step,
+    UnequalListsError,
+    Workflow,
+    WorkflowParseError,
+)
 
 __all__ = [
     "DEFAULT_FEW_SHOT",
@@ -60,7 +71,9 @@ __all__ = [
     "Step",
     "StepRecord",
     "Workflow",
+    "UnequalListsError",
     "WorkflowParseError",
+    "attempted_steps",
     "WorkflowShape",
     "conductor_messages",
     "execute_workflow",

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from conductor_pipeline.workflow.literal_scanner import ListScanner
-from conductor_pipeline.workflow.types import ParseLimits, Step, Workflow, WorkflowParseError
+from conductor_pipeline.workflow.types import (
+    ParseLimits,
+    Step,
+    UnequalListsError,
+    Workflow,
+    WorkflowParseError,
+)
 
 __all__ = ["parse_workflow", "render_workflow", "workflow_from_lists"]
 
@@ -310,7 +316,7 @@ def workflow_from_lists(
             raise WorkflowParseError(f"{name} must be a list, got {_short(value)}")
     n = len(model_id)
     if not n == len(subtasks) == len(access_list):
-        raise WorkflowParseError(
+        raise UnequalListsError(
             f"the three lists must have equal length, but model_id has {n} entries, "
             f"subtasks {len(subtasks)} and access_list {len(access_list)}"
         )
@@ -415,6 +421,19 @@ def _parse(
         allow_empty=allow_empty,
         positional_access=positional_access,
     )
+
+
+def attempted_steps(text: str) -> int:
+    """How many steps a completion tried to write, valid or not: the length of the last
+    ``model_id`` list that can be read (0 when there is none). Training counts multi-step
+    attempts with it, since GRPO can only reinforce what the policy attempts, parsed or not.
+    Never raises."""
+    try:
+        records = _collect(_strip_think(text)) if isinstance(text, str) else []
+    except Exception:  # noqa: BLE001 - a count for metrics; an unreadable text attempted none
+        return 0
+    ids = [r.value for r in records if r.kind == MODEL_ID and isinstance(r.value, list | tuple)]
+    return len(ids[-1]) if ids else 0
 
 
 def _render_str(s: str) -> str:

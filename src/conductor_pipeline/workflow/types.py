@@ -23,6 +23,12 @@ class WorkflowParseError(ValueError):
     """
 
 
+class UnequalListsError(WorkflowParseError):
+    """The three lists were read but differ in length: the Conductor lost count of its
+    steps. Training counts these on their own (a warm start that writes many of them
+    cannot teach GRPO multi-step workflows)."""
+
+
 @dataclass(frozen=True)
 class ParseLimits:
     """Size limits applied by the parser (defaults follow the paper's 5-step cap)."""
