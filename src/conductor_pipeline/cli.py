@@ -1,5 +1,6 @@
 """The ``conductor`` command: ask the Conductor a question, serve the Conductor API, run the
-sandbox worker server, or promote / roll back a registered Conductor version."""
+sandbox worker server, promote / roll back a registered Conductor version, or compute what
+fixed strategies score in the sandbox."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -238,6 +240,117 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0 if outcome["decision"] in ("promoted", "unchanged") else 3
 
 
+SPLITS = ("test", "validation", "train")
+NO_SPLIT = (
+    "conductor strategies: the {split} split is not prepared ({path}); "
+    'run `make run ARGS="--pipelines data_prep"` first.'
+)
+
+
+def _strategy_lines(report: Any, split: str, profiles: str) -> list[str]:
+    """``conductor strategies``' table: accuracy as 0.xxx, cost in µ$ per question."""
+    table = report.table
+    left_out = ", ".join(report.left_out) or "nothing"
+    mc = (
+        f"mc = the real workers and executor at {report.seeds} server seeds "
+        "(µ$/q, calls/q measured there)"
+        if report.seeds
+        else "no mc run (--seeds 0), so no cost"
+    )
+    lines = [
+        f"{split} split, {report.tasks} tasks: exact = expected accuracy from {profiles}; "
+        f"{mc}; left out: {left_out} (a real model, no profile)",
+        "specialists: "
+        + ", ".join(f"{domain} {worker}" for domain, worker in report.specialists.items())
+        + f"; checker: {report.checker}",
+    ]
+
+    def acc(value: float) -> str:
+        return "-" if value != value else f"{value:.3f}"  # NaN: not measured
+
+    width = max(len("strategy"), *(len(name) for name in table["strategy"]))
+    header = ["steps", "exact", "easy", "medium", "hard", "mc", "µ$/q", "calls/q"]
+    widths = [max(5, len(h)) for h in header]
+
+    def line(name: str, cells: list[str]) -> str:
+        return f"{name:<{width}}  " + "  ".join(
+            f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)
+        )
+
+    lines.append(line("strategy", header))
+    for row in table.to_dict(orient="records"):
+        cost = row["cost_usd_per_q"]
+        cells = [
+            str(int(row["steps"])),
+            acc(row["accuracy"]),
+            acc(row["accuracy_easy"]),
+            acc(row["accuracy_medium"]),
+            acc(row["accuracy_hard"]),
+            acc(row["mc_accuracy"]),
+            "-" if cost != cost else f"{cost * 1e6:.0f}",
+            "-" if cost != cost else f"{row['calls_per_q']:.1f}",
+        ]
+        lines.append(line(row["strategy"], cells))
+    if report.seeds:
+        off, pairs = int(table["mc_mismatches"].sum()), int(table["mc_pairs"].sum())
+        lines.append(
+            f"mc runs judged otherwise than the rule predicts from the luck drawn: {off} of {pairs}"
+        )
+    return lines
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    """Print what the sandbox rewards: exact and Monte-Carlo accuracy of fixed strategies."""
+    import math
+
+    from conductor_pipeline.evaluation.strategies import strategy_table
+    from conductor_pipeline.paths import find_project_root
+    from conductor_pipeline.workers.sandbox import (
+        ProfileError,
+        default_profiles_path,
+        load_profiles,
+        load_tasks,
+    )
+
+    if args.seeds < 0:
+        print("conductor strategies: --seeds must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        root = find_project_root()
+        path = root / "data" / "05_model_input" / f"{args.split}_tasks.parquet"
+        profiles_path = Path(args.profiles) if args.profiles else default_profiles_path()
+        if not path.is_file():
+            print(NO_SPLIT.format(split=args.split, path=path), file=sys.stderr)
+            return 1
+        profiles = load_profiles(profiles_path)
+        report = strategy_table(profiles, load_tasks([path]), seeds=args.seeds)
+    except (ProfileError, ValueError, OSError, RuntimeError) as err:
+        print(f"conductor strategies: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        rows = [
+            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in report.table.to_dict(orient="records")
+        ]
+        record = {
+            "split": args.split,
+            "tasks": report.tasks,
+            "seeds": report.seeds,
+            "profiles": str(profiles_path),
+            "specialists": report.specialists,
+            "checker": report.checker,
+            "left_out": report.left_out,
+            "strategies": rows,
+        }
+        print(json.dumps(record, indent=2))
+    else:
+        shown = profiles_path.resolve()
+        if shown.is_relative_to(root.resolve()):
+            shown = shown.relative_to(root.resolve())
+        print("\n".join(_strategy_lines(report, args.split, str(shown))))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conductor", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -314,6 +427,26 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox.add_argument("--env", default=None)
     sandbox.add_argument("--latency-scale", type=float, default=None)
     sandbox.set_defaults(handler=cmd_sandbox)
+
+    strategies = commands.add_parser(
+        "strategies",
+        help="expected accuracy and cost of fixed strategies over the sandbox's simulated "
+        "workers: exact from their profiles, and a Monte-Carlo run of the real workers",
+    )
+    strategies.add_argument("--split", choices=SPLITS, default="test", help="default: test")
+    strategies.add_argument(
+        "--seeds",
+        type=int,
+        default=20,
+        help="Monte-Carlo server seeds (default 20); 0 skips the Monte-Carlo (and the cost)",
+    )
+    strategies.add_argument(
+        "--profiles",
+        default=None,
+        help="sandbox profile file (default: conf/base/sandbox_workers.yml)",
+    )
+    strategies.add_argument("--json", action="store_true", help="print the table as JSON")
+    strategies.set_defaults(handler=cmd_strategies)
     return parser
 
 
