@@ -390,7 +390,7 @@ def test_wrong_earlier_attempt_is_sometimes_copied(profiles, index):
 
 def _check_of(task: Task, attempt: str) -> list[dict[str, str]]:
     return _ask(
-        f"<question>{task.question}</question>\n<response step=\"0\">{attempt}</response>\n"
+        f'<question>{task.question}</question>\n<response step="0">{attempt}</response>\n'
         "Your subtask: check the answer above and give the final answer."
     )
 
@@ -411,7 +411,7 @@ def test_asking_again_gives_no_new_chance(profiles, index):
 
 
 def test_checking_its_own_answer_changes_nothing(profiles, index):
-    """"Solve, then the same worker checks" scores exactly what the worker scores alone,
+    """ "Solve, then the same worker checks" scores exactly what the worker scores alone,
     server by server, while a different worker's check pays."""
     task = BY_ID["num-1"]
     solver = _fixed(_profile(profiles, "sim-abacus"), skill=0.5, verify=0.9)
@@ -536,20 +536,26 @@ def _verifiable_tasks() -> list[Task]:
                     metadata={"dataset": name, "entry": entry},
                 )
             )
-    return tasks
+    # propositional logic as data_prep builds it: its scorer accepts any valid conclusion, so
+    # a wrong answer of the simulation must be one the scorer rejects, not only a changed one
+    from conductor_pipeline.tasks.sources.reasoning_gym_source import load_reasoning_gym
+
+    spec = {"propositional_logic": {"count": 10, "domain": "logic", "difficulty": "hard"}}
+    return tasks + load_reasoning_gym(spec, seed=5)
 
 
 def test_replies_pass_and_fail_the_project_verifiers(profiles):
     verifiers = pytest.importorskip("conductor_pipeline.tasks.verifiers")
     tasks = _verifiable_tasks()
     index = TaskIndex(tasks)
-    solver = SimulatedWorker(_fixed(_profile(profiles, "sim-sage"), skill=1.0), index)
-    failer = SimulatedWorker(_fixed(_profile(profiles, "sim-sage"), skill=0.0), index)
+    solving = _fixed(_profile(profiles, "sim-sage"), skill=1.0)
+    failing = _fixed(_profile(profiles, "sim-sage"), skill=0.0)
     for task in tasks:
         messages = _ask(task.question)
-        for seed in range(2 if task.answer_format == "code" else 4):
-            good = solver.respond(messages, seed=seed, temperature=0.2)
-            bad = failer.respond(messages, seed=seed, temperature=0.2)
+        # a worker's wrong answer to a task is fixed per server: several servers, several
+        for seed in range(2 if task.answer_format == "code" else 8):
+            good = SimulatedWorker(solving, index, base_seed=seed).respond(messages, seed=seed)
+            bad = SimulatedWorker(failing, index, base_seed=seed).respond(messages, seed=seed)
             assert good.task_id == bad.task_id == task.id
             verdict = verifiers.verify(task, good.text)
             assert verdict.correct, (task.id, verdict.reason, good.text[-300:])

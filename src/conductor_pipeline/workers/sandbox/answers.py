@@ -297,8 +297,30 @@ def break_code(code: str, rng: random.Random) -> str:
     return "\n".join(lines)
 
 
+# tries at a wrong answer that a task's own scorer rejects (below)
+_WRONG_TRIES = 20
+
+
 def wrong_answer(task: Task, rng: random.Random) -> str:
-    """A plausible answer in the task's format that is not the right one."""
+    """A plausible answer in the task's format that is not the right one.
+
+    A reasoning-gym task is judged by its own scorer, which can accept more than the
+    reference answer (a propositional-logic question has several valid conclusions, so
+    "not R" may be as right as "not Q"): for those a candidate the real verifier accepts
+    is drawn again, so that a wrong answer of the simulation is wrong in the pipeline's
+    verdict too."""
+    if task.verifier != "reasoning_gym":
+        return _wrong_candidate(task, rng)
+    from conductor_pipeline.tasks.verifiers import verify
+
+    for _ in range(_WRONG_TRIES):
+        candidate = _wrong_candidate(task, rng)
+        if not verify(task, render_answer(task.answer_format, candidate)).correct:
+            return candidate
+    return "no answer"
+
+
+def _wrong_candidate(task: Task, rng: random.Random) -> str:
     fmt = task.answer_format
     if fmt == "letter":
         right = option_letter(task.answer)
