@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 
 import nbformat
@@ -91,9 +92,22 @@ def test_training_report_falls_back_to_the_history_table_and_shows_rollout_sampl
     assert "What the Conductor learns, per domain" in html
     assert "no training run id was given" not in html  # the fallback worked silently
     assert "step 3" in html and "Early steps" in html and "Late steps" in html
+    # a history from before the attempt metrics: the warm start check says what it lacks
+    check = html.split("Warm start check (GRPO step 1)")[1].split("<h2")[0]
+    assert "0 of 1 targets met; not met: parse rate." in check
+    assert "not logged by this run" in check
+    assert "Multi-step attempts and what they earn" in html
 
 
-def test_training_report_without_any_input_says_what_is_missing(tmp_path, tracking_uri):
+def test_training_report_without_any_input_says_what_is_missing(
+    tmp_path, tracking_uri, monkeypatch
+):
+    # a bare project: the checkout's own data/08_reporting/sft_history.csv, left by an
+    # earlier `make run`, would otherwise be found and drawn
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    monkeypatch.setenv("CONDUCTOR_PROJECT_ROOT", str(root))  # the kernel inherits it
     html = render_training_report({}, {}, pd.DataFrame(), _params(tmp_path))
     assert "Not available" in html
     assert "no training metrics" in html
@@ -133,6 +147,8 @@ def test_evaluation_report_has_table_plots_examples_and_the_decision(
         "95% CI",
         "solo:sim-sage (simulated worker)",
         "Answer routing: conductor and warm start",
+        "How the Conductor plans, by domain and difficulty",
+        "Does it spend more steps on hard questions?",
         "Workflow shapes",
         "solve_check",
         "Workflows that succeeded",
