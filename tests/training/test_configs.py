@@ -13,8 +13,8 @@ from conductor_pipeline.training.configs import (
     TrainingConfig,
     TrainingConfigError,
 )
-from conductor_pipeline.training.planner import ReferencePlanner
-from conductor_pipeline.workflow import parse_workflow
+from conductor_pipeline.training.planner import SOLVE_WORDINGS, ReferencePlanner
+from conductor_pipeline.workflow import parse_workflow, workflow_shape
 
 from .fakes import make_task
 
@@ -108,31 +108,62 @@ def test_warm_start_planner_draws_workers_at_random_in_every_shape():
     """Format-only warm start: no domain decides a worker, every shape appears, and the
     workflows parse back to what was planned."""
     config = TrainingConfig.from_params(
-        {"sft": {"shapes": {"single": 0.5, "solve_check": 0.25, "parallel_aggregate": 0.25}}}
+        {
+            "sft": {
+                "shapes": {"single": 0.5, "solve_check": 0.25, "parallel_aggregate": 0.25},
+                "max_parallel_attempts": 3,
+                "subtask_wordings": 4,
+            }
+        }
     )
     assert config.sft.routing == "random" and not config.sft.domain_workers
     names = ["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx", "sim-sprout"]
     planner = ReferencePlanner(names, config.sft, seed=1)
-    shapes, solvers = set(), defaultdict(set)
+    shapes, solvers, lengths, wordings = set(), defaultdict(set), set(), set()
     for i in range(120):
         task = make_task(i, i, 1, domain=["math", "logic", "code"][i % 3])
         plan = planner.plan(task)
         parsed = parse_workflow(plan.text, len(names))
         assert parsed == plan.workflow
         assert task.question in parsed.steps[0].subtask
-        assert plan.reasoning.startswith(f"A {task.domain} question.")
+        # the plan is written once, in the lists: the reasoning only names the domain
+        assert plan.reasoning == f"A {task.domain} question."
         shapes.add(plan.shape)
         solvers[task.domain].add(parsed.steps[0].worker)
         steps = parsed.steps
+        assert workflow_shape(parsed) == plan.shape
         if plan.shape == "solve_check":
             assert len(steps) == 2 and steps[1].access == (0,)
         if plan.shape == "parallel_aggregate":
-            assert len(steps) == 3 and steps[1].access == () and steps[2].access == (0, 1)
-            assert steps[0].worker != steps[1].worker  # two opinions
+            attempts = len(steps) - 1
+            lengths.add(len(steps))
+            assert all(s.access == () for s in steps[:-1])
+            assert steps[-1].access == tuple(range(attempts))
+            assert len({s.worker for s in steps[:-1]}) == attempts  # separate opinions
+        wordings.update(s.subtask for s in steps)
         assert planner.plan(task) == plan  # deterministic
     assert shapes == {"single", "solve_check", "parallel_aggregate"}
+    assert lengths == {3, 4}  # two or three attempts before the aggregator
+    assert len(wordings) >= 8  # subtasks are drawn from several wordings per role
     # every domain is sent to (almost) every worker: no table
     assert all(len(workers) >= 4 for workers in solvers.values()), solvers
+
+
+def test_warm_start_defaults_write_one_wording_per_role_and_mostly_multi_step():
+    """The default examples: multi-step shapes weigh most, a parallel workflow has two
+    attempts, and each role has one fixed wording (lists of equal length are easier to
+    keep for a small model when each entry has a fixed length)."""
+    settings = TrainingConfig.from_params({}).sft
+    assert settings.shapes["single"] < 0.5 and settings.max_parallel_attempts == 2
+    planner = ReferencePlanner(["a", "b", "c", "d"], settings, question_to_workers=True)
+    plans = [planner.plan(make_task(i, i, 1)) for i in range(200)]
+    shapes = {p.shape for p in plans}
+    assert shapes == {"single", "solve_check", "parallel_aggregate"}
+    multi = sum(p.shape != "single" for p in plans) / len(plans)
+    assert multi > 0.6
+    by_role = {s.subtask for p in plans for s in p.workflow.steps}
+    assert len(by_role) == 3  # one solve, one check and one aggregate wording
+    assert {len(p.workflow) for p in plans if p.shape == "parallel_aggregate"} == {3}
 
 
 def test_domain_table_routing_is_kept_as_a_named_option():
@@ -159,6 +190,8 @@ def test_domain_table_routing_is_kept_as_a_named_option():
         ({"shapes": {"tree": 1.0}}, "unknown shape"),
         ({"shapes": {"single": 0.0}}, "not all 0"),
         ({"shapes": {"single": "many"}}, "training.sft.shapes.single: must be a number"),
+        ({"max_parallel_attempts": 1}, "training.sft.max_parallel_attempts"),
+        ({"subtask_wordings": 0}, "training.sft.subtask_wordings"),
     ],
 )
 def test_bad_warm_start_settings_name_the_key(sft, message):
@@ -172,4 +205,4 @@ def test_planner_writes_a_short_instruction_when_workers_see_the_question():
     task = make_task(0, 3, 4)
     plan = planner.plan(task)
     subtask = parse_workflow(plan.text, 2).steps[0].subtask
-    assert task.question not in subtask and subtask == "Solve the question."
+    assert task.question not in subtask and subtask in SOLVE_WORDINGS

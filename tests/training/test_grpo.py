@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor_pipeline.training.configs import TrainingConfig
+from conductor_pipeline.training.configs import TrainingConfig, grpo_args
 from conductor_pipeline.training.grpo import (
     PoolInfo,
     build_prompt_dataset,
@@ -269,7 +269,7 @@ def test_resume_after_an_interruption_continues_from_the_last_checkpoint(tiny_mo
     assert logged == [3, 4]  # only the steps after the checkpoint were trained again
     lines = (result.run_dir / "rollout_samples.jsonl").read_text().splitlines()
     steps = Counter(json.loads(line)["step"] for line in lines)
-    assert steps == {1: 2, 2: 2, 3: 2, 4: 2}  # no step recorded twice across the resume
+    assert steps == {1: 1, 2: 1, 3: 1, 4: 1}  # one sample per group, no step recorded twice
 
 
 def test_prompt_dataset_drops_long_prompts_and_keeps_task_columns(tiny_model_dir):
@@ -441,3 +441,26 @@ def test_training_continues_from_a_start_adapter_instead_of_the_warm_start(
         torch.testing.assert_close(after[key], before[key])
     saved = json.loads((second.adapter_dir / "conductor_info.json").read_text())
     assert saved["start_adapter"] == str(start)
+
+
+def test_balanced_domains_order_the_prompts_so_each_step_spans_the_domains(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    domains = ["math", "logic", "code", "algorithmic"]
+    tasks = [make_task(i, i, 1, domain=domains[i % 3 if i < 30 else 3]) for i in range(40)]
+    config = TrainingConfig.from_params({"grpo": {"balanced_domains": True}})
+    rows, _ = build_prompt_dataset(
+        tasks, tokenizer, ["A", "B"], prompt_config({"few_shot": []}), config
+    )
+    assert sorted(r["id"] for r in rows) == sorted(t.id for t in tasks)  # a reordering
+    # while every domain has rows left, each window of 4 consecutive rows holds 4 domains
+    first = [r["domain"] for r in rows[:40]]
+    assert all(len(set(first[i : i + 4])) == 4 for i in range(0, 40, 4))
+    again, _ = build_prompt_dataset(
+        tasks, tokenizer, ["A", "B"], prompt_config({"few_shot": []}), config
+    )
+    assert [r["id"] for r in again] == [r["id"] for r in rows]  # seeded
+    args = grpo_args(config, "/tmp/unused", use_cpu=True)
+    assert args.shuffle_dataset is False  # TRL takes the rows in this order
+    assert grpo_args(TrainingConfig(), "/tmp/unused", use_cpu=True).shuffle_dataset is True

@@ -78,7 +78,11 @@ class GRPOSettings:
     ``num_generations`` completions for each (the group the advantage is computed over).
 
     ``micro_batch_size``: completions per forward/backward pass per device (``None``: the
-    whole step at once); gradient accumulation covers the rest. ``loss_type`` is TRL's:
+    whole step at once); gradient accumulation covers the rest. ``num_iterations``: updates
+    per generated batch (TRL's; the paper's 1; more reuse each batch of rollouts, with the
+    clipped importance ratio keeping the updates close). ``balanced_domains``: the
+    questions of a step span the task domains (the prompts in turn by domain, not shuffled;
+    :func:`~conductor_pipeline.training.inputs.interleave_domains`). ``loss_type`` is TRL's:
     ``dapo`` (TRL default: token-level, normalised over the whole generation batch) or
     ``bnpo`` (the authors' code: token-level, normalised per micro-batch).
     """
@@ -94,6 +98,8 @@ class GRPOSettings:
     loss_type: str = "dapo"
     beta: float = 0.0
     epsilon: float = 0.2
+    num_iterations: int = 1
+    balanced_domains: bool = False
     scale_rewards: str = "group"
     lr_scheduler_type: str = "cosine"
     warmup_ratio: float = 0.03
@@ -120,6 +126,7 @@ class GRPOSettings:
         _check(self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}")
         _check(self.beta >= 0, "beta must be >= 0")
         _check(self.epsilon > 0, "epsilon must be positive")
+        _check(self.num_iterations >= 1, "num_iterations must be at least 1")
         _check(self.scale_rewards in SCALE_REWARDS, f"scale_rewards must be one of {SCALE_REWARDS}")
         _check(0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
         _check(self.save_steps >= 1, "save_steps must be at least 1")
@@ -215,7 +222,10 @@ class SFTSettings:
     for train questions, ``max_steps`` SFT optimizer steps with completion-only loss.
 
     It teaches the reply format and workflow shapes, not routing. ``shapes`` weighs the
-    shapes the examples take (``single``, ``solve_check``, ``parallel_aggregate``). With
+    shapes the examples take (``single``, ``solve_check``, ``parallel_aggregate``);
+    ``max_parallel_attempts``: a ``parallel_aggregate`` example has 2 to this many attempts
+    before its aggregator; ``subtask_wordings``: how many of the planner's wordings per role
+    (solve, check, aggregate) the examples draw from. With
     ``routing: random`` (the default) every worker in every example is drawn at random, so
     which worker suits which question is left to reward. ``routing: domain_table`` is the
     older rule, kept for comparison only: the solver is ``domain_workers[task.domain]``
@@ -230,7 +240,11 @@ class SFTSettings:
     learning_rate: float = 2e-3
     max_length: int = 1280
     routing: str = "random"
-    shapes: Mapping[str, float] = field(default_factory=lambda: {"single": 0.7, "solve_check": 0.3})
+    shapes: Mapping[str, float] = field(
+        default_factory=lambda: {"single": 0.25, "solve_check": 0.4, "parallel_aggregate": 0.35}
+    )
+    max_parallel_attempts: int = 2
+    subtask_wordings: int = 1
     domain_workers: Mapping[str, str] = field(default_factory=dict)
     default_worker: str = "sim-sage"
     verifier_worker: str = "sim-sage"
@@ -242,6 +256,8 @@ class SFTSettings:
         _check(self.learning_rate > 0, "learning_rate must be positive")
         _check(self.max_length >= 64, "max_length must be at least 64")
         _check(self.routing in SFT_ROUTING, f"routing must be one of {SFT_ROUTING}")
+        _check(self.max_parallel_attempts >= 2, "max_parallel_attempts must be at least 2")
+        _check(self.subtask_wordings >= 1, "subtask_wordings must be at least 1")
         unknown = sorted(set(self.shapes) - set(SFT_SHAPES))
         _check(not unknown, f"shapes: unknown shape(s) {unknown}; known: {SFT_SHAPES}")
         _check(
@@ -430,7 +446,9 @@ def grpo_args(
         beta=g.beta,
         epsilon=g.epsilon,
         scale_rewards=g.scale_rewards,
-        num_iterations=1,
+        num_iterations=g.num_iterations,
+        # balanced_domains: the rows are already in the order the steps take them
+        shuffle_dataset=not g.balanced_domains,
         save_strategy="steps",
         save_steps=g.save_steps,
         save_total_limit=g.save_total_limit,

@@ -15,7 +15,7 @@ from conductor_pipeline.workers.pricing import pool_token_prices
 from conductor_pipeline.workers.types import WorkerCaller
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
 
-__all__ = ["PoolInfo", "build_prompt_dataset", "data_version"]
+__all__ = ["PoolInfo", "build_prompt_dataset", "data_version", "interleave_domains"]
 
 
 @dataclass
@@ -46,6 +46,28 @@ def data_version(tasks: Sequence[Task]) -> str:
     """Hash of the train split's content (ids, questions, answers, verifiers)."""
     rows = sorted((t.id, t.question, t.answer, t.verifier) for t in tasks)
     return stable_hash(rows)
+
+
+def interleave_domains(rows: Sequence[dict[str, Any]], *, seed: int) -> list[dict[str, Any]]:
+    """``rows`` in a seeded order that takes the domains in turn (each domain's rows
+    shuffled), so that consecutive rows cover the domains evenly. GRPO reads the rows in this
+    order with ``shuffle_dataset`` off (``grpo.balanced_domains``): every step of
+    ``prompts_per_step`` questions then spans the domains, instead of a step of four maths
+    questions saying nothing about where logic questions should go."""
+    rng = random.Random(seed)
+    by_domain: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_domain.setdefault(str(row.get("domain")), []).append(row)
+    queues = [by_domain[d] for d in sorted(by_domain)]
+    for queue in queues:
+        rng.shuffle(queue)
+    rng.shuffle(queues)
+    ordered: list[dict[str, Any]] = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                ordered.append(queue.pop())
+    return ordered
 
 
 def _prompt_length(tokenizer: Any, messages: list[dict[str, str]]) -> int:
@@ -85,6 +107,8 @@ def build_prompt_dataset(
             long_prompts += 1
             continue
         rows.append({"prompt": messages, **task_columns(task)})
+    if config.grpo.balanced_domains:
+        rows = interleave_domains(rows, seed=config.seed)
     report = {
         "n_tasks": len(tasks),
         "n_considered": len(chosen),

@@ -1,19 +1,28 @@
 """A scripted planner that writes the SFT warm-start workflows.
 
-The warm start teaches a small base model the *format* of a Conductor reply and a few
+The warm start teaches a small base model the *format* of a Conductor reply and the
 workflow *shapes*; it must not teach routing, or GRPO has nothing left to learn (and the
 "learned" routing would be ours). So by default (``routing: random``) every worker of every
 example is drawn at random, seeded by the task id:
 
 - ``single``: one worker solves the question.
 - ``solve_check``: one worker solves it, a second sees that attempt and gives the answer.
-- ``parallel_aggregate``: two workers solve it independently, a third sees both attempts
-  and gives the answer.
+- ``parallel_aggregate``: two (up to ``max_parallel_attempts``) workers solve it
+  independently, one more sees every attempt and gives the answer.
 
-The shape is drawn with the weights in ``SFTSettings.shapes``. A one-line reasoning names
-the kind of question (its domain) and the shape in words before the three lists: the worker
-numbers are then written with the words that should decide them in view, and only once (a
-135M model that wrote them in the reasoning too often let the two copies disagree).
+The shape is drawn with the weights in ``SFTSettings.shapes``. GRPO can only reinforce
+what the warm start already writes, so the multi-step shapes get most of the examples by
+default. Subtasks are drawn from ``subtask_wordings`` wordings per role. One each is the
+default, because the three lists must stay of equal length and a 135M model keeps count
+more easily when each entry has a fixed length: measured at temperature 1 after 100 SFT
+steps, one wording per role left 4.7 % of the samples with lists of unequal length, two
+14 %, four or five 23 % (README, "Training").
+
+The reply is a one-line reasoning that names the kind of question (its domain), then the
+three lists. The plan is written once, in the lists: a reasoning sentence that also spelled
+out the shape ("one worker solves it, a second checks") let a 135M model write one shape in
+words and another in the lists, or lists of unequal length. The domain line stays: the
+worker numbers are written right after it, so GRPO can tie them to the kind of question.
 
 ``routing: domain_table`` keeps the older rule for comparison: the solver is
 ``domain_workers[task.domain]`` (else ``default_worker``) and checks and aggregations go to
@@ -35,11 +44,29 @@ from conductor_pipeline.workflow import Step, Workflow, render_workflow
 
 __all__ = ["PlannedWorkflow", "ReferencePlanner"]
 
-# Short on purpose: a 135M model learns to copy these in a few SFT steps.
-_SOLVE = "{question}\nEnd with the final answer."
-_SOLVE_SEEN = "Solve the question."
-_CHECK = "Check the answer above and give the final answer."
-_AGGREGATE = "Compare the answers above and give the final answer."
+# Several short wordings per role: a 135M model learns to copy these in a few SFT steps,
+# and a varied set keeps its sampled subtasks varied too.
+SOLVE_WORDINGS = (
+    "Solve the question.",
+    "Work out the answer.",
+    "Solve it step by step.",
+    "Answer the question.",
+    "Find the answer and state it clearly.",
+)
+CHECK_WORDINGS = (
+    "Check the answer above and give the final answer.",
+    "Verify the previous answer and correct it if needed.",
+    "Review the attempt above, then answer.",
+    "Check this solution and state the final answer.",
+)
+AGGREGATE_WORDINGS = (
+    "Compare the answers above and give the final answer.",
+    "Pick the best of the answers above.",
+    "Weigh these attempts and give the final answer.",
+    "Decide which answer above is right and state it.",
+)
+# the full question goes into the subtask when workers do not see it
+_SOLVE_WITH_QUESTION = "{question}\nEnd with the final answer."
 
 
 @dataclass(frozen=True)
@@ -88,34 +115,40 @@ class ReferencePlanner:
                 self.settings.domain_workers.get(task.domain, self.settings.default_worker)
             )
             second = self.worker_for(self.settings.verifier_worker)
-            solvers = [solver, second if second != solver else (solver + 1) % n]
-            return (solvers[: count - 1] + [second]) if count > 1 else [solver]
-        # distinct solvers where the pool allows, so two attempts are two opinions
-        solvers = rng.sample(range(n), min(count - 1, n)) if count > 1 else []
+            solvers = [solver] + [second if second != solver else (solver + 1) % n] * (count - 2)
+            return [*solvers, second] if count > 1 else [solver]
+        if count == 1:
+            return [rng.randrange(n)]
+        # distinct solvers where the pool allows, so the attempts are separate opinions
+        solvers = rng.sample(range(n), min(count - 1, n))
         while len(solvers) < count - 1:
             solvers.append(rng.randrange(n))
-        return [*solvers, rng.randrange(n)] if count > 1 else [rng.randrange(n)]
+        return [*solvers, rng.randrange(n)]
+
+    def _wording(self, wordings: Sequence[str], rng: random.Random) -> str:
+        return rng.choice(wordings[: self.settings.subtask_wordings])
+
+    def _solve(self, task: Task, rng: random.Random) -> str:
+        if not self.question_to_workers:
+            return _SOLVE_WITH_QUESTION.format(question=task.question.strip())
+        return self._wording(SOLVE_WORDINGS, rng)
 
     def plan(self, task: Task) -> PlannedWorkflow:
         rng = random.Random(f"{self.seed}:{task.id}")
         names = list(self.settings.shapes)
         shape = rng.choices(names, weights=[self.settings.shapes[k] for k in names])[0]
-        solve = (
-            _SOLVE_SEEN
-            if self.question_to_workers
-            else _SOLVE.format(question=task.question.strip())
-        )
-        kind = task.domain.replace("_", " ")
         if shape == "single":
             (a,) = self._workers(task, rng, 1)
-            steps = [Step(a, solve)]
-            plan = "One worker solves it."
+            steps = [Step(a, self._solve(task, rng))]
         elif shape == "solve_check":
             a, b = self._workers(task, rng, 2)
-            steps = [Step(a, solve), Step(b, _CHECK, (0,))]
-            plan = "One worker solves it, a second checks the answer."
+            check = self._wording(CHECK_WORDINGS, rng)
+            steps = [Step(a, self._solve(task, rng)), Step(b, check, (0,))]
         else:
-            a, b, c = self._workers(task, rng, 3)
-            steps = [Step(a, solve), Step(b, solve), Step(c, _AGGREGATE, (0, 1))]
-            plan = "Two workers solve it separately, a third compares their answers."
-        return PlannedWorkflow(task.id, Workflow(steps), f"A {kind} question. {plan}", shape)
+            attempts = rng.randint(2, self.settings.max_parallel_attempts)
+            *solvers, last = self._workers(task, rng, attempts + 1)
+            steps = [Step(w, self._solve(task, rng)) for w in solvers]
+            aggregate = self._wording(AGGREGATE_WORDINGS, rng)
+            steps.append(Step(last, aggregate, tuple(range(attempts))))
+        reasoning = f"A {task.domain.replace('_', ' ')} question."
+        return PlannedWorkflow(task.id, Workflow(steps), reasoning, shape)

@@ -201,6 +201,9 @@ def run_sft(
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=min(2, settings.max_steps - 1),
         max_length=settings.max_length,
+        # batches of similar length: a batch is padded to its longest prompt, and prompts
+        # run from about 250 to 640 tokens
+        train_sampling_strategy="group_by_length",
         completion_only_loss=True,
         logging_steps=1,
         save_strategy="no",
