@@ -202,7 +202,7 @@ def test_pool_config_entries(profiles):
     assert first["api_base"] == "http://127.0.0.1:9999/v1"
     assert first["input_cost_per_token"] == profiles.simulated[0].input_cost_per_token
     assert first["timeout_s"] > 0 and first["description"]
-    assert entries[-1]["max_tokens"] == 64
+    assert entries[-1]["max_tokens"] == profiles.real[0].max_tokens
     # the pool's own loader accepts them as they are, when it exists
     config = pytest.importorskip("conductor_pipeline.workers.config")
     specs = config.load_worker_specs({"workers": entries}, environ={})

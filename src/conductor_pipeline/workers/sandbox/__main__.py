@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 from collections.abc import Sequence
 
 from conductor_pipeline.workers.sandbox.server import DEFAULT_HOST, DEFAULT_PORT, serve
@@ -64,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    # `kill -USR1 <pid>` writes every thread's stack to the server log: what a stalled
+    # server is doing, without stopping it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     serve(
         args.host,
         args.port,

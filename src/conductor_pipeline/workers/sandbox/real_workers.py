@@ -16,6 +16,9 @@ from conductor_pipeline.workers.torch_thread import set_torch_threads
 
 log = logging.getLogger(__name__)
 
+# a batch slower than this is logged with its prompt sizes (a stalled worker's first clue)
+SLOW_BATCH_S = 30.0
+
 
 class RealWorkers:
     """Loads SmolLM2 in a background thread and answers its requests in batches.
@@ -106,6 +109,7 @@ class RealWorkers:
                         self.abandoned += 1
                 if not batch:
                     continue
+            started = time.perf_counter()
             try:
                 replies = generate_chat_batch(
                     self.model,
@@ -121,6 +125,15 @@ class RealWorkers:
                     future.set_exception(exc)
                 continue
             self.batch_sizes.append(len(batch))
+            seconds = time.perf_counter() - started
+            if seconds > SLOW_BATCH_S:
+                prompt_tokens = [reply[1] for reply in replies]
+                log.warning(
+                    "sandbox: a SmolLM2 batch of %d took %.0f s (prompt tokens %s)",
+                    len(batch),
+                    seconds,
+                    prompt_tokens,
+                )
             for (*_, future), reply in zip(batch, replies, strict=True):
                 future.set_result(reply)
 
