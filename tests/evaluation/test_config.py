@@ -28,7 +28,7 @@ def test_shipped_profiles_validate(env):
         }
         assert config.conductor.max_parse_attempts == 5 and config.report_by == "source"
     else:
-        assert config.test_per_domain and not config.benchmarks
+        assert config.test_per_domain != 0 and not config.benchmarks  # None: the whole split
 
 
 @pytest.mark.parametrize(
