@@ -106,3 +106,28 @@ def test_a_caller_that_times_out_is_not_generated_for(sandbox, held):
     assert held.batches == [["first"]]
     health = httpx.get(f"{url}/health", timeout=10).json()
     assert health["real_model_abandoned"] == 1 and health["real_model_batches"] == 1
+
+
+def test_a_slow_batch_is_logged_with_its_prompt_sizes(held, monkeypatch, caplog):
+    from conductor_pipeline.workers.sandbox import real_workers
+
+    monkeypatch.setattr(real_workers, "SLOW_BATCH_S", 0.0)  # every batch counts as slow
+    workers = RealWorkers(PROFILES.real, None, None, max_batch=8)
+    held.release.set()
+    with caplog.at_level("WARNING", logger=real_workers.__name__):
+        assert _ask(workers, "one").result(10)[0] == "reply to one"
+        _wait_until(lambda: "SmolLM2 batch" in caplog.text, "the slow-batch warning")
+    assert "a SmolLM2 batch of 1 took" in caplog.text and "prompt tokens [3]" in caplog.text
+
+
+def test_the_sandbox_server_dumps_its_threads_on_sigusr1(monkeypatch):
+    import faulthandler
+    import signal
+
+    from conductor_pipeline.workers.sandbox import __main__ as sandbox_main
+
+    registered = []
+    monkeypatch.setattr(faulthandler, "register", lambda sig, **kw: registered.append((sig, kw)))
+    monkeypatch.setattr(sandbox_main, "serve", lambda *a, **kw: None)
+    sandbox_main.main(["--no-real-model"])
+    assert registered == [(signal.SIGUSR1, {"all_threads": True})]
