@@ -40,10 +40,52 @@ def test_profile_validates(env, monkeypatch):
 def test_gpu_profile_follows_the_paper():
     config = load_project_config("gpu", root=REPO)
     conductor = orchestration_config(config.parameters["conductor"])
-    assert conductor.max_parse_attempts == 5 and conductor.max_rounds == 1
+    assert conductor.max_parse_attempts == 5
+    # the paper's recursion round is measured (conductor+recursion), not served: gpu training
+    # does not train it
+    assert conductor.max_rounds == 0 and not config.parameters["training"]["recursion"].get(
+        "enabled", False
+    )
+    assert "conductor+recursion" in config.parameters["evaluation"]["systems"]
     assert conductor.temperature == 1.0 and conductor.max_tokens == 1024
     quotas = config.parameters["data_prep"]["domain_quota"]
     assert sum(quotas.values()) == 960 and len(set(quotas.values())) == 1
+
+
+@pytest.mark.parametrize("env", ["base", "gpu"])
+@pytest.mark.parametrize("served_rounds", [None, 1])
+def test_the_promoted_conductor_is_evaluated_with_the_rounds_it_is_served_with(
+    env, served_rounds, tmp_path
+):
+    """Promotion gates the ``conductor`` system; serving and ``conductor ask`` run
+    ``conductor.max_rounds``: the two are the same rounds, whatever the profile says."""
+    from types import SimpleNamespace
+
+    from conductor_pipeline.evaluation.kinds import Conductor, ConductorRecursion
+    from conductor_pipeline.evaluation.registry import RunContext
+
+    params = load_project_config(env, root=REPO).parameters
+    if served_rounds is not None:
+        params["conductor"]["max_rounds"] = served_rounds
+    served = orchestration_config(params["conductor"])
+    evaluation = EvaluationConfig.from_params(params["evaluation"])
+    model = SimpleNamespace(policy=object(), variant="v1", label="conductor/1")
+    ctx = RunContext(
+        config=evaluation,
+        pool=SimpleNamespace(names=("w",)),
+        orchestration=served,
+        test_tasks=[],
+        validation_tasks=[],
+        pool_id="pool",
+        policies={"conductor": model},
+        shared=lambda policy: policy,
+        runner=None,
+        worker_limit=None,
+    )
+    (evaluated,) = Conductor().systems(ctx)
+    assert evaluated.config == served  # the same rounds, budget, sampling and prompt
+    (recursion,) = ConductorRecursion().systems(ctx)
+    assert recursion.config.max_rounds == evaluation.conductor.recursion_rounds
 
 
 def test_gpu_profile_trains_lora_at_a_lora_rate():
@@ -94,6 +136,8 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     """conf/gpu now holds only what differs from conf/base: every value it resolved to before
     still resolves the same, and the leaves it now takes from base change no parsed config."""
     before = json.loads(GPU_BEFORE.read_text())
+    # changed on purpose since the snapshot: gpu serves the rounds its promotion evaluated (0)
+    before["conductor"]["max_rounds"] = 0
     after = load_project_config("gpu", root=_copy_conf(tmp_path).parent).parameters
     recorded = _leaves(before)
     assert {path: value for path, value in _leaves(after).items() if path in recorded} == recorded

@@ -54,8 +54,10 @@ def _scored(rows: Iterable[QuestionResult]) -> list[QuestionResult]:
 
 class ConductorKind(SystemKind):
     """A Conductor model from ``ctx.policies[policy]``, skipped when the caller gave none
-    (``required``: an error instead). ``recursion``: with ``conductor.recursion_rounds``
-    rounds instead of none. ``info_key``: its label is recorded in the run info."""
+    (``required``: an error instead). It runs the recursion rounds that are served
+    (``conductor.max_rounds``), so promotion gates what serving and ``conductor ask`` run;
+    ``recursion``: with ``evaluation.conductor.recursion_rounds`` rounds instead.
+    ``info_key``: its label is recorded in the run info."""
 
     phase = "conductor"
     writes_workflows = True
@@ -70,7 +72,8 @@ class ConductorKind(SystemKind):
             if self.required:
                 raise ValueError(f"evaluate: the {self.name} system needs a PolicyUnderTest")
             return []
-        rounds = ctx.config.conductor.recursion_rounds if self.recursion else 0
+        served = ctx.orchestration.max_rounds
+        rounds = ctx.config.conductor.recursion_rounds if self.recursion else served
         config = replace(ctx.orchestration, max_rounds=rounds)
         if self.info_key:
             ctx.info[self.info_key] = model.label
