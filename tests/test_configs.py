@@ -47,6 +47,7 @@ def test_gpu_profile_follows_the_paper():
         "enabled", False
     )
     assert "conductor+recursion" in config.parameters["evaluation"]["systems"]
+    assert TrainingConfig.from_params(config.parameters["training"]).lora.dropout == 0.0
     assert conductor.temperature == 1.0 and conductor.max_tokens == 1024
     quotas = config.parameters["data_prep"]["domain_quota"]
     assert sum(quotas.values()) == 960 and len(set(quotas.values())) == 1
@@ -138,6 +139,7 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     before = json.loads(GPU_BEFORE.read_text())
     # changed on purpose since the snapshot: gpu serves the rounds its promotion evaluated (0)
     before["conductor"]["max_rounds"] = 0
+    before["training"]["lora"]["dropout"] = 0.0  # and trains without LoRA dropout, as the paper
     after = load_project_config("gpu", root=_copy_conf(tmp_path).parent).parameters
     recorded = _leaves(before)
     assert {path: value for path, value in _leaves(after).items() if path in recorded} == recorded
