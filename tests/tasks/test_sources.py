@@ -578,3 +578,26 @@ def test_reference_answers_verify_with_the_project_verifier():
             response = task.answer
         result = verifiers.verify(task, response)
         assert result.correct, f"{task.id}: reference answer did not verify: {result}"
+
+
+def test_a_dataset_that_cannot_load_offline_names_the_switches(monkeypatch):
+    import datasets
+
+    from conductor_pipeline.tasks.sources.benchmark_rows import hub_rows
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach the Hugging Face Hub (offline mode is enabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError) as err:
+        hub_rows("gpqa_diamond", "Idavidrein/gpqa", split="train", name="gpqa_diamond")
+    message = str(err.value)
+    assert "gpqa_diamond: could not load 'Idavidrein/gpqa'" in message
+    assert "export HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0" in message
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    with pytest.raises(RuntimeError) as online:
+        hub_rows("gpqa_diamond", "Idavidrein/gpqa", split="train", name="gpqa_diamond")
+    assert "OFFLINE" not in str(online.value).replace("offline mode", "")

@@ -74,8 +74,16 @@ def hub_rows(
         loaded = datasets.load_dataset(path, name, split=split, **kwargs)
     except Exception as err:  # offline, not cached, gated, renamed...: all need the same advice
         what = f"{path!r}" + (f" (config {name!r})" if name else "") + f", split {split!r}"
+        # `datasets` obeys its own switch before the hub's, so both must be named
+        offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") if os.environ.get(v) == "1"]
+        switch = (
+            f" {' and '.join(offline)}=1 is set (the project is offline by default): export "
+            f"{' '.join(v + '=0' for v in offline)} to download it."
+            if offline
+            else ""
+        )
         raise RuntimeError(
-            f"{benchmark}: could not load {what} with datasets.load_dataset ({type(err).__name__}: {err}). "
+            f"{benchmark}: could not load {what} with datasets.load_dataset ({type(err).__name__}: {err}).{switch} "
             f"Download the dataset beforehand so that it is in the Hugging Face cache, "
             f"or pass a local copy in the same schema with data_files=..."
         ) from err
