@@ -9,10 +9,37 @@ from datetime import UTC, datetime
 
 from kedro.framework.hooks import hook_impl
 
-from conductor_pipeline.distributed import is_main_process
+from conductor_pipeline.distributed import is_main_process, num_processes
 from conductor_pipeline.paths import project_root
 
 logger = logging.getLogger(__name__)
+
+
+# stages that must run in one process: each would start its own vLLM on one port, pay every
+# worker call again and race the other processes on registry aliases
+SINGLE_PROCESS_PIPELINES = ("evaluation", "promotion", "reporting")
+
+
+def refuse_single_process_stages(pipeline, processes: int) -> None:
+    """Raise when ``pipeline`` holds a node of a single-process stage and ``processes`` > 1."""
+    if processes <= 1:
+        return
+    from conductor_pipeline.pipeline_registry import register_pipelines
+
+    registered = register_pipelines()
+    names = {node.name for node in pipeline.nodes}
+    stages = [
+        stage
+        for stage in SINGLE_PROCESS_PIPELINES
+        if names & {node.name for node in registered[stage].nodes}
+    ]
+    if stages:
+        raise RuntimeError(
+            f"this run was launched as {processes} processes (WORLD_SIZE), but "
+            f"{', '.join(stages)} must run in one: launch only training on several "
+            "(`accelerate launch ... -m kedro run --env gpu --pipelines training`), then run "
+            f"`kedro run --env gpu --pipelines <stage>` in one process for {', '.join(stages)}"
+        )
 
 
 class ProjectHooks:
@@ -27,9 +54,12 @@ class ProjectHooks:
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
-        """Several processes (``accelerate launch -m kedro run``): only the main process
-        writes the pipeline's outputs; in the others they stay in memory (the nodes return
-        the main process's results), so no file or MLflow artifact is written twice."""
+        """Several processes (``accelerate launch -m kedro run``): only training spreads over
+        them, so a run that also evaluates, promotes or reports is refused before its first
+        node. Only the main process writes the pipeline's outputs; in the others they stay
+        in memory (the nodes return the main process's results), so no file or MLflow
+        artifact is written twice."""
+        refuse_single_process_stages(pipeline, num_processes())
         if is_main_process():
             return
         from kedro.io import MemoryDataset
