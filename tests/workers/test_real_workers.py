@@ -108,14 +108,18 @@ def test_a_caller_that_times_out_is_not_generated_for(sandbox, held):
     assert health["real_model_abandoned"] == 1 and health["real_model_batches"] == 1
 
 
-def test_a_slow_batch_is_logged_with_its_prompt_sizes(held, monkeypatch, caplog):
+def test_a_slow_batch_is_logged_with_its_prompt_sizes(held, caplog):
     from conductor_pipeline.workers.sandbox import real_workers
 
-    monkeypatch.setattr(real_workers, "SLOW_BATCH_S", 0.0)  # every batch counts as slow
     workers = RealWorkers(PROFILES.real, None, None, max_batch=8)
-    held.release.set()
+    assert workers.slow_batch_s == min(p.timeout_s for p in PROFILES.real)
+    workers.slow_batch_s = 0.1  # the held first batch runs past it
     with caplog.at_level("WARNING", logger=real_workers.__name__):
-        assert _ask(workers, "one").result(10)[0] == "reply to one"
+        reply = _ask(workers, "one")
+        _wait_until(lambda: held.batches, "the first batch")
+        time.sleep(0.3)
+        held.release.set()
+        assert reply.result(10)[0] == "reply to one"
         _wait_until(lambda: "SmolLM2 batch" in caplog.text, "the slow-batch warning")
     assert "a SmolLM2 batch of 1 took" in caplog.text and "prompt tokens [3]" in caplog.text
 
@@ -131,3 +135,18 @@ def test_the_sandbox_server_dumps_its_threads_on_sigusr1(monkeypatch):
     monkeypatch.setattr(sandbox_main, "serve", lambda *a, **kw: None)
     sandbox_main.main(["--no-real-model"])
     assert registered == [(signal.SIGUSR1, {"all_threads": True})]
+
+
+def test_a_batch_that_outlives_its_callers_dumps_every_threads_stack(held, capfd):
+    workers = RealWorkers(PROFILES.real, None, None, max_batch=8)
+    workers.slow_batch_s = 0.2  # the held first batch runs past it
+    reply = _ask(workers, "stuck")
+    _wait_until(lambda: held.batches, "the first batch")
+    dumped: list[str] = []
+    _wait_until(
+        lambda: dumped.append(capfd.readouterr().err) or "Timeout" in "".join(dumped),
+        "the stack dump",
+    )
+    held.release.set()
+    assert reply.result(10)[0] == "reply to stuck"
+    assert "in __call__" in "".join(dumped)  # the held generator's frame: where it is stuck

@@ -44,8 +44,8 @@ from conductor_pipeline.workflow import Step, Workflow, render_workflow
 
 __all__ = ["PlannedWorkflow", "ReferencePlanner"]
 
-# Several short wordings per role: a 135M model learns to copy these in a few SFT steps,
-# and a varied set keeps its sampled subtasks varied too.
+# Short wordings per role, a 135M model copies them after a few SFT steps. The examples draw
+# from the first ``subtask_wordings`` of each (one by default, see the module docstring).
 SOLVE_WORDINGS = (
     "Solve the question.",
     "Work out the answer.",

@@ -3,6 +3,7 @@ answering concurrent requests in shared batches (the sandbox server's real-worke
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import threading
 import time
@@ -15,9 +16,6 @@ from conductor_pipeline.workers.sandbox.profiles import RealProfile
 from conductor_pipeline.workers.torch_thread import set_torch_threads
 
 log = logging.getLogger(__name__)
-
-# a batch slower than this is logged with its prompt sizes (a stalled worker's first clue)
-SLOW_BATCH_S = 30.0
 
 
 class RealWorkers:
@@ -39,6 +37,10 @@ class RealWorkers:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.profiles = {p.name: p for p in profiles}
+        # a batch that outlives its callers' timeout is a problem, not load: every caller
+        # retries. Its threads' stacks are dumped to the log once it has run this long, and
+        # it is logged with its prompt sizes if it ends
+        self.slow_batch_s = min((p.timeout_s for p in profiles), default=120.0)
         self.cache_dir = cache_dir
         self.torch_threads = torch_threads
         self.max_batch = max_batch
@@ -110,6 +112,7 @@ class RealWorkers:
                 if not batch:
                     continue
             started = time.perf_counter()
+            faulthandler.dump_traceback_later(self.slow_batch_s)
             try:
                 replies = generate_chat_batch(
                     self.model,
@@ -124,9 +127,11 @@ class RealWorkers:
                 for *_, future in batch:
                     future.set_exception(exc)
                 continue
+            finally:
+                faulthandler.cancel_dump_traceback_later()
             self.batch_sizes.append(len(batch))
             seconds = time.perf_counter() - started
-            if seconds > SLOW_BATCH_S:
+            if seconds > self.slow_batch_s:
                 prompt_tokens = [reply[1] for reply in replies]
                 log.warning(
                     "sandbox: a SmolLM2 batch of %d took %.0f s (prompt tokens %s)",
