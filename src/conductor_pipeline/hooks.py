@@ -8,6 +8,7 @@ import logging
 from datetime import UTC, datetime
 
 from kedro.framework.hooks import hook_impl
+from kedro.pipeline import Pipeline
 
 from conductor_pipeline.distributed import is_main_process, num_processes
 from conductor_pipeline.paths import project_root
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 SINGLE_PROCESS_PIPELINES = ("evaluation", "promotion", "reporting")
 
 
-def refuse_single_process_stages(pipeline, processes: int) -> None:
+def refuse_single_process_stages(pipeline: Pipeline, processes: int) -> None:
     """Raise when ``pipeline`` holds a node of a single-process stage and ``processes`` > 1."""
     if processes <= 1:
         return
