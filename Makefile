@@ -87,7 +87,7 @@ gpu-check:
 	  || { echo "gpu-check: the wheels in $(GPU_WHEELS) do not install on $(GPU_PYTHON)" >&2; exit 1; }; \
 	fi; \
 	PYTHONPATH=src$${site:+:$$site}$${PYTHONPATH:+:$$PYTHONPATH} \
-	  timeout -k 10 480 $(GPU_PYTHON) -m conductor_pipeline.gpu_check $(ARGS)
+	  timeout -k 10 570 $(GPU_PYTHON) -m conductor_pipeline.gpu_check $(ARGS)
 
 # TRL and the packages it needs beyond a PyTorch image (datasets, dill, multiprocess), as
 # wheels for the GPU machine's Python, so that gpu-check runs TRL's GRPOTrainer there.

@@ -68,9 +68,40 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def device_used_gib(device: str) -> float | None:
+    """Memory in use on the whole device now (every allocator and process: vLLM's pool,
+    the CUDA context, NCCL buffers), or ``None`` off CUDA."""
+    import torch
+
+    if device != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / GIB
+
+
+class DeviceMemorySampler:
+    """The largest device-wide use seen at the moments it is sampled (step ends)."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.max_gib: float | None = None
+
+    def sample(self) -> None:
+        used = device_used_gib(self.device)
+        if used is not None:
+            self.max_gib = used if self.max_gib is None else max(self.max_gib, used)
+
+
 @contextlib.contextmanager
-def peak_memory(device: str, into: dict[str, Any]) -> Iterator[None]:
-    """Record the section's peak allocated/reserved GPU memory in ``into`` (nothing on CPU)."""
+def peak_memory(
+    device: str, into: dict[str, Any], sampler: DeviceMemorySampler | None = None
+) -> Iterator[None]:
+    """Record the section's peak GPU memory in ``into`` (nothing on CPU).
+
+    ``peak_device_gib`` estimates the device-wide peak: what was in use before the section
+    plus the growth of PyTorch's reserved pool up to its peak (vLLM colocated in this
+    process allocates through PyTorch too), and never less than the device-wide use
+    ``sampler`` saw at step ends (which also holds allocations outside PyTorch)."""
     import torch
 
     if device != "cuda":
@@ -78,9 +109,16 @@ def peak_memory(device: str, into: dict[str, Any]) -> Iterator[None]:
         return
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
+    used_before = device_used_gib(device) or 0.0
+    reserved_before = torch.cuda.memory_reserved() / GIB
     try:
         yield
     finally:
         torch.cuda.synchronize()
-        into["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
-        into["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 3)
+        peak_reserved = torch.cuda.max_memory_reserved() / GIB
+        estimate = used_before + peak_reserved - reserved_before
+        if sampler is not None and sampler.max_gib is not None:
+            estimate = max(estimate, sampler.max_gib)
+        into["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+        into["peak_reserved_gib"] = round(peak_reserved, 2)
+        into["peak_device_gib"] = round(estimate, 2)

