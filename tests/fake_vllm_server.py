@@ -13,12 +13,19 @@ Every chat request's ``model``, with the adapter folder served under that name (
 for the base or an unknown name), is appended as one JSON line to the file named by the
 environment variable ``FAKE_VLLM_RECORD`` (requests for unknown names too), so a test can
 assert which models, and which adapters, were asked for.
+
+Two more environment variables make it misbehave the ways a real server can:
+``FAKE_VLLM_UNLISTED`` (comma-separated names) leaves those names out of ``/v1/models``
+although it serves them (vLLM that did not load an adapter); ``FAKE_VLLM_GRANDCHILD_PID``
+names a file into which it writes the pid of a child process it starts first, one that
+outlives it unless its whole process group is stopped (vLLM's engine processes).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -53,6 +60,15 @@ def main(argv: list[str]) -> None:
     record = os.environ.get("FAKE_VLLM_RECORD")
     host = _flag(argv, "--host", "127.0.0.1")
     port = int(_flag(argv, "--port", "8000"))
+    unlisted = set(filter(None, os.environ.get("FAKE_VLLM_UNLISTED", "").split(",")))
+    listed = sorted(served - unlisted)
+    grandchild_file = os.environ.get("FAKE_VLLM_GRANDCHILD_PID")
+    if grandchild_file:
+        # lives on when this process exits: only a signal to the whole group reaches it
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL
+        )
+        Path(grandchild_file).write_text(str(child.pid))
 
     from conductor_pipeline.workflow.policy import ScriptedPolicy
 
@@ -71,7 +87,7 @@ def main(argv: list[str]) -> None:
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": n} for n in sorted(served)]})
+                self._send(200, {"object": "list", "data": [{"id": n} for n in listed]})
             else:
                 self._send(404, {"error": {"message": "not found"}})
 

@@ -140,6 +140,8 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     # changed on purpose since the snapshot: gpu serves the rounds its promotion evaluated (0)
     before["conductor"]["max_rounds"] = 0
     before["training"]["lora"]["dropout"] = 0.0  # and trains without LoRA dropout, as the paper
+    # and names where TRL's server mode finds its vLLM server, off evaluation's port
+    before["training"]["grpo"]["vllm_server_base_url"] = "http://127.0.0.1:8100"
     after = load_project_config("gpu", root=_copy_conf(tmp_path).parent).parameters
     recorded = _leaves(before)
     assert {path: value for path, value in _leaves(after).items() if path in recorded} == recorded

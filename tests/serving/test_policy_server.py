@@ -119,14 +119,20 @@ def test_missing_vllm_fails_with_what_to_do(monkeypatch):
 FAKE_VLLM = textwrap.dedent(
     """\
     #!{python}
-    # stands in for `vllm serve`: records its argv and environment, answers /health
+    # stands in for `vllm serve`: records its argv and environment, answers /health and
+    # lists the base model's served name and the LoRA modules' in /v1/models
     import http.server, json, os, sys
     port = int(sys.argv[sys.argv.index("--port") + 1])
+    names = [sys.argv[sys.argv.index("--served-model-name") + 1]]
+    if "--lora-modules" in sys.argv:
+        names += [sys.argv[sys.argv.index("--lora-modules") + 1].partition("=")[0]]
     with open(os.environ["FAKE_VLLM_RECORD"], "w") as f:
         json.dump({{"argv": sys.argv[1:], "key": os.environ.get("VLLM_API_KEY")}}, f)
+    models = json.dumps({{"data": [{{"id": n}} for n in names]}}).encode()
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"{{}}")
+            self.send_response(200); self.end_headers()
+            self.wfile.write(models if self.path == "/v1/models" else b"{{}}")
         def log_message(self, *a):
             pass
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()

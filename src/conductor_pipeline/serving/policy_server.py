@@ -7,10 +7,10 @@ Two ways, chosen by ``serving.policy_server`` (or ``conductor serve --policy-ser
   rule). Nothing is launched.
 * ``vllm`` (GPU, the ``gpu`` extra): :class:`VllmPolicyServer` launches
   ``vllm serve <base> --enable-lora --lora-modules conductor=<adapter> ...`` on 127.0.0.1,
-  waits for its ``/health``, and the API reaches it as an ``EndpointPolicy``
-  (``hosted_vllm/conductor``). The base model is served under ``base_served_name``, the
-  adapter under ``lora_name``; with no adapter the base model itself is served as
-  ``lora_name``, so the API always asks for the same name.
+  waits until it is healthy and lists the names it was asked to serve, and the API
+  reaches it as an ``EndpointPolicy`` (``hosted_vllm/conductor``). The base model is
+  served under ``base_served_name``, the adapter under ``lora_name``; with no adapter the
+  base model itself is served as ``lora_name``, so the API always asks for the same name.
 
 Evaluation launches the same server with several adapters at once (``lora_modules``: the
 candidate, the champion, the warm start, each under its own served name, see
@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from conductor_pipeline.serving.vllm_process import (
+    describe_listener,
+    port_in_use,
+    served_names,
+    terminate_process_group,
+)
 
 log = logging.getLogger(__name__)
 
@@ -284,11 +290,15 @@ def ensure_vllm_available(settings: VllmSettings) -> None:
 
 
 class VllmPolicyServer:
-    """Runs vLLM as a subprocess for a ``with`` block and waits until it is healthy.
+    """Runs vLLM as a subprocess for a ``with`` block and waits until it is ready.
 
-    Exit sends SIGTERM (then SIGKILL after ``grace_s``). vLLM runs in its own session, so a
-    Ctrl-C in the terminal reaches the API first, which finishes its requests and only then
-    stops the policy server.
+    Ready means: the process we launched still runs, ``/health`` answers 200 and
+    ``/v1/models`` lists every name the command asked for. A port another server already
+    listens on is refused before anything is launched (its ``/health`` would pass for ours).
+
+    Exit sends SIGTERM to vLLM's whole process group, its engine processes included (then
+    SIGKILL after ``grace_s``). vLLM runs in its own session, so a Ctrl-C in the terminal
+    reaches the API first, which finishes its requests and only then stops the policy server.
     """
 
     def __init__(
@@ -315,6 +325,11 @@ class VllmPolicyServer:
     def served_model(self) -> str:
         """The litellm model string the API asks for."""
         return f"hosted_vllm/{self.settings.lora_name}"
+
+    @property
+    def served_names(self) -> list[str]:
+        """Every name the launched server must list in ``/v1/models``."""
+        return sorted([self.base_name, *self.lora_modules])
 
     @property
     def base_name(self) -> str:
@@ -352,6 +367,7 @@ class VllmPolicyServer:
     def start(self) -> None:
         if self.check:
             ensure_vllm_available(self.settings)
+        self._refuse_a_taken_port()
         if self.log_path is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="conductor-vllm-")
             self.log_path = Path(self._tmp.name) / "vllm.log"
@@ -376,6 +392,19 @@ class VllmPolicyServer:
             self.stop()
             raise
 
+    def _refuse_a_taken_port(self) -> None:
+        host, port = self.settings.host, int(self.settings.port)
+        if not port_in_use(host, port):
+            return
+        holder = describe_listener(self.settings.base_url, self.settings.api_key())
+        raise PolicyServerError(
+            f"serving.vllm.port: {host}:{port} is already taken by {holder}, so the policy "
+            f"server is not launched there (that server's /health would pass for ours). Stop "
+            f"it (`ss -ltnp 'sport = :{port}'` shows its process; a TRL training server "
+            "belongs on training.grpo.vllm_server_base_url's port) or set serving.vllm.port "
+            "to a free port."
+        )
+
     def _tail(self, chars: int = 3000) -> str:
         if self.log_path is None or not self.log_path.exists():
             return "(no output)"
@@ -396,25 +425,39 @@ class VllmPolicyServer:
                     f"({self.log_path}) ends with:\n{self._tail()}"
                 )
             try:
-                if httpx.get(f"{self.settings.base_url}/health", timeout=2.0).status_code == 200:
-                    return
+                healthy = (
+                    httpx.get(f"{self.settings.base_url}/health", timeout=2.0).status_code == 200
+                )
             except httpx.TransportError:
-                pass
+                healthy = False
+            if healthy:
+                self._check_served_names()
+                return
             time.sleep(1.0)
         raise PolicyServerError(
             f"the policy server was not healthy after {self.settings.startup_timeout_s:.0f} s; "
             f"its log ({self.log_path}) ends with:\n{self._tail()}"
         )
 
+    def _check_served_names(self) -> None:
+        """Raise unless ``/v1/models`` lists every name we asked vLLM to serve."""
+        listed = served_names(self.settings.base_url, self.settings.api_key())
+        missing = sorted(set(self.served_names) - set(listed or []))
+        if not missing:
+            return
+        what = "gives no model list" if listed is None else f"lists {listed}"
+        raise PolicyServerError(
+            f"the server at {self.settings.base_url} answers /health but its /v1/models "
+            f"{what}, without {missing} (expected {self.served_names}): either another "
+            "server took the port while ours started, or vLLM did not load those adapters; "
+            f"our server's log ({self.log_path}) ends with:\n{self._tail()}"
+        )
+
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=self.grace_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=self.grace_s)
+        if process is not None:
+            # the group, not only the leader: vLLM's engine processes hold the GPU
+            terminate_process_group(process, self.grace_s)
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
