@@ -142,6 +142,20 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     before["training"]["lora"]["dropout"] = 0.0  # and trains without LoRA dropout, as the paper
     # and names where TRL's server mode finds its vLLM server, off evaluation's port
     before["training"]["grpo"]["vllm_server_base_url"] = "http://127.0.0.1:8100"
+    # and keeps its own data tree and registered model (conf/gpu/globals.yml)
+    for section, key, value in (
+        ("conductor", "policy", {"adapter": "models:/conductor-qwen@champion"}),
+        ("evaluation", "store", "data/gpu/07_model_output/evaluation/results.jsonl"),
+        ("reporting", "output_dir", "data/gpu/08_reporting"),
+        ("training", "output_dir", "data/gpu/06_models/conductor"),
+        ("retraining", "start_from", "models:/conductor-qwen@champion"),
+        ("retraining", "lock", {"path": "data/gpu/retraining.lock"}),
+        ("retraining", "logged_questions", {"paths": ["data/gpu/01_raw/logged_questions/*.jsonl"]}),
+    ):
+        if isinstance(value, dict):
+            before[section][key].update(value)
+        else:
+            before[section][key] = value
     after = load_project_config("gpu", root=_copy_conf(tmp_path).parent).parameters
     recorded = _leaves(before)
     assert {path: value for path, value in _leaves(after).items() if path in recorded} == recorded
@@ -175,10 +189,14 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
 
 def test_catalog_and_workers_are_not_merged(tmp_path):
     """Only parameters are soft-merged: gpu's worker pool replaces the sandbox's whole, and
-    the catalog (no gpu files) is base's."""
+    the catalog (no gpu files) is base's, in gpu's own data tree (globals.yml data_root)."""
     conf = _copy_conf(tmp_path)
-    base, gpu = _loader(conf, "base"), _loader(conf, "gpu")
-    assert gpu["catalog"] == base["catalog"]
+    # read before the next loader exists: the last one built answers every `${globals:}`
+    base_catalog = dict(_loader(conf, "base")["catalog"])
+    gpu = _loader(conf, "gpu")
+    gpu_catalog = dict(gpu["catalog"])
+    assert gpu_catalog.keys() == base_catalog.keys()
+    assert json.loads(json.dumps(gpu_catalog).replace("data/gpu/", "data/")) == base_catalog
     pool = gpu["workers"]["worker_pool"]
     assert pool["kind"] == "configured" and "sandbox" not in pool
 

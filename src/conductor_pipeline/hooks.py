@@ -12,6 +12,8 @@ from kedro.pipeline import Pipeline
 
 from conductor_pipeline.distributed import is_main_process, num_processes
 from conductor_pipeline.paths import project_root
+from conductor_pipeline.project import profile_globals
+from conductor_pipeline.registry import use_registered_model
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class ProjectHooks:
     def after_context_created(self, context) -> None:
         (project_root() / "mlruns").mkdir(parents=True, exist_ok=True)
         self._config_loader = context.config_loader
+        use_registered_model(profile_globals(context.config_loader).get("registered_model"))
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
@@ -133,10 +136,10 @@ class MlflowRunHooks:
             return
         import mlflow
 
-        from conductor_pipeline.registry import REGISTERED_MODEL, run_name
+        from conductor_pipeline.registry import registered_model, run_name
 
         for value in (outputs or {}).values():
-            if isinstance(value, dict) and value.get("name") == REGISTERED_MODEL:
+            if isinstance(value, dict) and value.get("name") == registered_model():
                 if value.get("version") and mlflow.active_run() is not None:
                     name = run_name(*self._naming, version=str(value["version"]))
                     mlflow.set_tag("mlflow.runName", name)

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from conductor_pipeline.registry import REGISTERED_MODEL
+from conductor_pipeline.registry import registered_model
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 _PREVIOUS = "promotion.previous_champion"
@@ -142,24 +142,25 @@ def _alias_version(client, alias: str, name: str) -> str | None:
         return None
 
 
-def mark_challenger(version: str, *, name: str = REGISTERED_MODEL) -> None:
+def mark_challenger(version: str, *, name: str | None = None) -> None:
     """Point ``challenger`` at a newly registered version."""
+    name = name or registered_model()
     _client().set_registered_model_alias(name, CHALLENGER, str(version))
 
 
-def current_versions(*, name: str = REGISTERED_MODEL) -> dict[str, str | None]:
+def current_versions(*, name: str | None = None) -> dict[str, str | None]:
+    name = name or registered_model()
     client = _client()
     return {alias: _alias_version(client, alias, name) for alias in (CHAMPION, CHALLENGER)}
 
 
-def apply_decision(
-    version: str, decision: Decision, *, name: str = REGISTERED_MODEL
-) -> dict[str, Any]:
+def apply_decision(version: str, decision: Decision, *, name: str | None = None) -> dict[str, Any]:
     """Tag ``version`` with the decision; move ``champion`` to it only if it passed.
 
     Tags are written first; the alias moves last, so a failure before it leaves the aliases
     untouched, and a failed alias move is recorded on the version and re-raised.
     """
+    name = name or registered_model()
     client = _client()
     version = str(version)
     previous = _alias_version(client, CHAMPION, name)
@@ -190,8 +191,9 @@ def apply_decision(
     return {"version": version, "previous_champion": previous, **tags}
 
 
-def rollback(*, name: str = REGISTERED_MODEL) -> dict[str, str]:
+def rollback(*, name: str | None = None) -> dict[str, str]:
     """Give ``champion`` back to the version the current champion replaced."""
+    name = name or registered_model()
     client = _client()
     current = _alias_version(client, CHAMPION, name)
     if current is None:
@@ -220,18 +222,20 @@ def record_figures(
     figures: Figures,
     context: dict[str, Any] | None = None,
     *,
-    name: str = REGISTERED_MODEL,
+    name: str | None = None,
 ) -> None:
     """Tag ``version`` with its evaluated figures (and what they were measured on)."""
+    name = name or registered_model()
     payload = {**asdict(figures), "context": context or {}}
     _client().set_model_version_tag(name, str(version), FIGURES_TAG, json.dumps(payload))
 
 
 def recorded_figures(
-    version: str, *, name: str = REGISTERED_MODEL
+    version: str, *, name: str | None = None
 ) -> tuple[Figures, dict[str, Any]] | None:
     """The figures recorded for ``version`` and their context: its ``evaluation.figures``
     tag, else the challenger figures of its last promotion decision; ``None`` if neither."""
+    name = name or registered_model()
     tags = _client().get_model_version(name, str(version)).tags or {}
     for key in (FIGURES_TAG, "promotion.figures"):
         try:

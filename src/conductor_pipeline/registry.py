@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -16,7 +17,31 @@ from conductor_pipeline.paths import mlflow_tracking_uri, project_root, reroot
 
 logger = logging.getLogger(__name__)
 
-REGISTERED_MODEL = "conductor"
+DEFAULT_REGISTERED_MODEL = "conductor"
+# a registry name that also reads as a model reference (serving/models.py: NAME@ALIAS)
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_registered_model = DEFAULT_REGISTERED_MODEL
+
+
+def registered_model() -> str:
+    """The registered model this process trains into, evaluates, promotes and serves: the
+    profile's ``registered_model`` (``conf/<env>/globals.yml``), set by the project hook of
+    ``kedro run`` and by the CLI; ``conductor`` until then. Each profile keeps its own, so a
+    sandbox adapter is never the GPU profile's champion."""
+    return _registered_model
+
+
+def use_registered_model(name: str | None) -> str:
+    """Make ``name`` (``None``: the default) this process's registered model; returns it."""
+    global _registered_model
+    name = DEFAULT_REGISTERED_MODEL if name is None else str(name)
+    if not _MODEL_NAME.match(name):
+        raise ValueError(
+            f"registered_model {name!r} (conf/<env>/globals.yml): use letters, digits, "
+            "'.', '_' and '-' only"
+        )
+    _registered_model = name
+    return name
 
 
 class AdapterNotFoundError(LookupError):
@@ -192,7 +217,7 @@ def run_name(pipelines: Sequence[str], started: datetime, version: str | None = 
     stamp = started.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
     label = f"{names} {stamp} UTC"
     if version is not None:
-        label += f" → {REGISTERED_MODEL} v{version}"
+        label += f" → {registered_model()} v{version}"
     return label
 
 
@@ -248,9 +273,10 @@ def describe_version(adapter_info: Mapping[str, Any]) -> str:
 
 
 def set_version_description(version: str, adapter_info: Mapping[str, Any]) -> str:
-    """Write :func:`describe_version` onto ``conductor`` ``version``; returns the text."""
+    """Write :func:`describe_version` onto ``version`` of :func:`registered_model`; returns
+    the text."""
     from mlflow import MlflowClient
 
     text = describe_version(adapter_info)
-    MlflowClient().update_model_version(REGISTERED_MODEL, str(version), description=text)
+    MlflowClient().update_model_version(registered_model(), str(version), description=text)
     return text

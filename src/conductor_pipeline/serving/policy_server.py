@@ -50,6 +50,7 @@ from conductor_pipeline.serving.vllm_process import (
     served_names,
     terminate_process_group,
 )
+from conductor_pipeline.workflow.adapter_base import check_adapter_base
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,8 @@ def served_lora_modules(
         if name in modules or name == settings.base_served_name:
             raise ValueError(f"LoRA name {name!r} is used twice")
         modules[name] = Path(folder)
+    for name, folder in modules.items():
+        check_adapter_base(folder, settings.base_model, where=f"vLLM LoRA {name!r}")
     return modules
 
 

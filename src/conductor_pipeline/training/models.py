@@ -15,6 +15,7 @@ from typing import Any
 
 from conductor_pipeline.training.configs import SMOLLM2, TrainingConfig
 from conductor_pipeline.workers.torch_thread import set_torch_threads
+from conductor_pipeline.workflow.adapter_base import check_adapter_base
 
 __all__ = [
     "TrainerPolicy",
@@ -62,6 +63,9 @@ def with_adapter(model: Any, adapter_dir: Path | None) -> Any:
         return model
     from peft import PeftModel
 
+    base = getattr(model, "name_or_path", None)  # what from_pretrained loaded
+    if base:
+        check_adapter_base(adapter_dir, str(base), where="training")
     return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
 
 

@@ -27,6 +27,7 @@ from conductor_pipeline.workers.torch_thread import (
     run_on_torch_thread,
     set_torch_threads,
 )
+from conductor_pipeline.workflow.adapter_base import DEFAULT_LOCAL_BASE, check_adapter_base
 
 # a conversation joining a continuous batch: (the caller's handle, messages, seed)
 JoiningRow = tuple[Any, list[dict[str, str]], int]
@@ -93,6 +94,13 @@ class LocalPolicy:
         self.torch_threads = torch_threads
         self.model_dir = Path(model_dir) if model_dir else None
         self.adapter_dir = Path(adapter_dir) if adapter_dir else None
+        if self.adapter_dir is not None:
+            # before any weight is read: PEFT would mount a same-shaped stranger silently
+            check_adapter_base(
+                self.adapter_dir,
+                str(self.model_dir) if self.model_dir else DEFAULT_LOCAL_BASE,
+                where="local Conductor policy",
+            )
         self.name = name or (
             f"local:{self.adapter_dir.name}" if self.adapter_dir else "local:smollm2-135m-instruct"
         )

@@ -46,7 +46,8 @@ from conductor_pipeline.evaluation import (
 )
 from conductor_pipeline.evaluation.systems import fingerprint
 from conductor_pipeline.paths import project_root
-from conductor_pipeline.promotion import CHAMPION, REGISTERED_MODEL
+from conductor_pipeline.promotion import CHAMPION
+from conductor_pipeline.registry import registered_model
 from conductor_pipeline.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -206,7 +207,7 @@ def _champion() -> Any:
     from conductor_pipeline.serving.models import resolve_served_model
 
     return resolve_served_model(
-        f"models:/{REGISTERED_MODEL}@{CHAMPION}", explicit=False, root=project_root()
+        f"models:/{registered_model()}@{CHAMPION}", explicit=False, root=project_root()
     )
 
 
@@ -234,7 +235,7 @@ def champion_policy(
         return None
     champion = _champion()
     if champion.adapter_dir is None:
-        logger.info("evaluation: champion skipped: no %s@%s yet", REGISTERED_MODEL, CHAMPION)
+        logger.info("evaluation: champion skipped: no %s@%s yet", registered_model(), CHAMPION)
         return None
     if champion.id == conductor.variant:
         logger.info("evaluation: champion skipped: %s is the Conductor under test", champion.id)

@@ -28,6 +28,7 @@ import pandas as pd
 
 from conductor_pipeline import promotion
 from conductor_pipeline.promotion import Figures, Gates
+from conductor_pipeline.serving.models import PUBLIC_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -98,14 +99,14 @@ def _tag_version(version: str, decision: str, reason: str) -> None:
         "promotion.reason": reason[:5000],
         "promotion.decided_at": _now(),
     }.items():
-        client.set_model_version_tag(promotion.REGISTERED_MODEL, version, key, value)
+        client.set_model_version_tag(promotion.registered_model(), version, key, value)
 
 
 def _version_tags(version: str | None) -> dict[str, str]:
     if not version:
         return {}
     return dict(
-        promotion._client().get_model_version(promotion.REGISTERED_MODEL, version).tags or {}
+        promotion._client().get_model_version(promotion.registered_model(), version).tags or {}
     )
 
 
@@ -159,7 +160,9 @@ def evaluated_version(evaluation_run_info: dict[str, Any]) -> str | None:
     """The registry version the evaluation measured as ``conductor`` (``conductor/<N>``),
     or ``None`` when it measured something else (the base policy, a folder, an endpoint)."""
     variant = str((evaluation_run_info or {}).get("conductor_variant") or "")
-    match = re.fullmatch(rf"{promotion.REGISTERED_MODEL}/(\d+)", variant)
+    # the served id of a registry version (ServedModel.id): the public name, whatever the
+    # registered model of the profile is called
+    match = re.fullmatch(rf"{PUBLIC_NAME}/(\d+)", variant)
     return match.group(1) if match else None
 
 
@@ -168,7 +171,7 @@ def _skipped(evaluation_run_info: dict[str, Any], before: dict[str, str | None])
     variant = (evaluation_run_info or {}).get("conductor_variant") or "nothing named"
     reason = (
         f"nothing to promote: the evaluation measured {variant} as 'conductor', not a "
-        f"registered version of {promotion.REGISTERED_MODEL}"
+        f"registered version of {promotion.registered_model()}"
     )
     logger.warning("promotion: %s", reason)
     return {

@@ -18,16 +18,21 @@ import pandas as pd
 from conductor_pipeline.distributed import broadcast_from_main, is_main_process
 from conductor_pipeline.paths import project_root
 from conductor_pipeline.pipelines.data_prep.preflight import check_gpu, missing_key_error
-from conductor_pipeline.registry import local_adapter, portable_adapter, set_version_description
+from conductor_pipeline.registry import (
+    local_adapter,
+    portable_adapter,
+    registered_model,
+    set_version_description,
+)
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import PoolInfo, train_conductor
 from conductor_pipeline.workers.config import WorkerConfigError
 from conductor_pipeline.workers.runtime import open_worker_pool
+from conductor_pipeline.workflow.adapter_base import check_adapter_base
 
 logger = logging.getLogger(__name__)
 
-REGISTERED_MODEL = "conductor"
 # columns of the ``sft_history`` output (data/08_reporting/sft_history.csv)
 SFT_HISTORY_COLUMNS = ("step", "loss", "grad_norm", "learning_rate")
 # What the registered pyfunc model needs at load time (torch/transformers pinned as in
@@ -49,13 +54,17 @@ def _tasks(frame: pd.DataFrame) -> list[Task]:
     return [Task.from_record(row) for row in frame.to_dict(orient="records")]
 
 
-def _start_adapter(start_from: str | None) -> str | None:
+def _start_adapter(start_from: str | None, base_model: str) -> str | None:
     adapter = local_adapter(start_from, required=False)
     if start_from and adapter is None:
         logger.warning("%s does not resolve yet: training from the base model", start_from)
     elif adapter is not None and not Path(adapter).is_dir():
         raise FileNotFoundError(f"start_from: adapter folder {adapter} does not exist")
     elif adapter is not None:
+        # before the worker pool starts: minutes later would be a costly place to learn it
+        check_adapter_base(
+            adapter, base_model, where="training start_from", label=start_from, root=project_root()
+        )
         logger.info("training continues from %s (%s)", start_from, adapter)
     return adapter
 
@@ -81,7 +90,7 @@ def train_conductor_node(
     """
     config = TrainingConfig.from_params(params)
     tasks = _tasks(train_tasks)
-    start_adapter = _start_adapter(start_from)
+    start_adapter = _start_adapter(start_from, config.base_model)
     # a missing GPU or key: one message naming the fix, before any model is loaded
     check_gpu(["training.grpo.use_vllm"] if config.grpo.use_vllm else [])
     try:
@@ -149,6 +158,7 @@ def _register(adapter_info: dict[str, Any]) -> dict[str, Any]:
         "global_step": str(adapter_info["global_step"]),
         "workers": ",".join(adapter_info.get("worker_names", [])),
     }
+    name = registered_model()  # the profile's own (conf/<env>/globals.yml)
     own_run = mlflow.active_run() is None
     run = mlflow.start_run() if own_run else mlflow.active_run()
     try:
@@ -167,21 +177,21 @@ def _register(adapter_info: dict[str, Any]) -> dict[str, Any]:
             },
             signature=signature,
             pip_requirements=PIP_REQUIREMENTS,
-            registered_model_name=REGISTERED_MODEL,
+            registered_model_name=name,
         )
         version = str(model_info.registered_model_version)
         client = mlflow.MlflowClient()
         for key, value in tags.items():
-            client.set_model_version_tag(REGISTERED_MODEL, version, key, value)
+            client.set_model_version_tag(name, version, key, value)
         set_version_description(version, adapter_info)
         run_id = run.info.run_id
     finally:
         if own_run:
             mlflow.end_run()
     return {
-        "name": REGISTERED_MODEL,
+        "name": name,
         "version": version,
-        "model_uri": f"models:/{REGISTERED_MODEL}/{version}",
+        "model_uri": f"models:/{name}/{version}",
         "artifact_uri": model_info.model_uri,
         "run_id": run_id,
         "tags": tags,
