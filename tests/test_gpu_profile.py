@@ -31,6 +31,7 @@ import yaml
 from tests.serving.conftest import ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
+GPU_MODEL = "conductor-qwen"  # the GPU profile's registered model (conf/gpu/globals.yml)
 FIXTURES = REPO / "tests" / "fixtures" / "benchmarks"
 SIMULATED = ["sim-sage", "sim-abacus", "sim-coder", "sim-sphinx", "sim-sprout"]
 
@@ -159,7 +160,8 @@ def gpu_project(tmp_path, monkeypatch) -> dict:
 
 
 def _register_champion(root: Path) -> str:
-    """Version 1 of `conductor`, aliased champion: an adapter from an earlier training run."""
+    """Version 1 of the GPU profile's registered model (`conductor-qwen`, conf/gpu/globals.yml),
+    aliased champion: an adapter from an earlier training run."""
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
@@ -172,12 +174,12 @@ def _register_champion(root: Path) -> str:
     with mlflow.start_run(experiment_id=experiment) as run:
         mlflow.log_artifacts(str(adapter), "adapter")
     client = mlflow.MlflowClient()
-    client.create_registered_model("conductor")
+    client.create_registered_model(GPU_MODEL)
     version = client.create_model_version(
-        "conductor", f"{run.info.artifact_uri}/adapter", run_id=run.info.run_id
+        GPU_MODEL, f"{run.info.artifact_uri}/adapter", run_id=run.info.run_id
     ).version
-    client.set_model_version_tag("conductor", version, "run_fingerprint", "earlier-run")
-    client.set_registered_model_alias("conductor", "champion", version)
+    client.set_model_version_tag(GPU_MODEL, version, "run_fingerprint", "earlier-run")
+    client.set_registered_model_alias(GPU_MODEL, "champion", version)
     return str(version)
 
 
@@ -202,7 +204,7 @@ def test_gpu_profile_evaluates_and_promotes_each_version_by_its_served_name(gpu_
     # the policy server was launched by the pipeline and asked for exactly these names
     assert record.is_file(), "nothing asked the policy server for a model"
     asked = [json.loads(line)["model"] for line in record.read_text().splitlines()]
-    info = json.loads((root / "data/08_reporting/evaluation_run_info.json").read_text())
+    info = json.loads((root / "data/gpu/08_reporting/evaluation_run_info.json").read_text())
     candidate = info["conductor_variant"].split("/")[1]
     assert info["conductor_variant"] == f"conductor/{candidate}" and candidate != champion
     assert info.get("champion_variant") == f"conductor/{champion}"
@@ -214,11 +216,11 @@ def test_gpu_profile_evaluates_and_promotes_each_version_by_its_served_name(gpu_
     assert info["policy_server_models"] == served
     assert set(asked) == set(served.values()), asked
 
-    summary = pd.read_csv(root / "data/08_reporting/evaluation_summary.csv").set_index("system")
+    summary = pd.read_csv(root / "data/gpu/08_reporting/evaluation_summary.csv").set_index("system")
     for system in ("conductor", "champion", "base-policy"):
         assert summary.loc[system, "parse_failures"] == 0, system
 
-    decision = json.loads((root / "data/08_reporting/promotion_decision.json").read_text())
+    decision = json.loads((root / "data/gpu/08_reporting/promotion_decision.json").read_text())
     assert decision["version"] == candidate
     assert "evaluated alongside the challenger" in decision["champion_source"]
     assert decision["figures"]["champion"] is not None
@@ -228,7 +230,7 @@ def test_gpu_profile_evaluates_and_promotes_each_version_by_its_served_name(gpu_
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
-    champion_now = client.get_model_version_by_alias("conductor", "champion")
+    champion_now = client.get_model_version_by_alias(GPU_MODEL, "champion")
     record.write_text("")
     key = "gpu-profile-test-key"
     env = {**os.environ, "CONDUCTOR_API_KEY": key, "PYTHONUNBUFFERED": "1"}
