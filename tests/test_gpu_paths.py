@@ -138,3 +138,19 @@ def test_a_kedro_run_trains_evaluates_and_promotes_the_profiles_model(env, name,
 def test_a_registered_model_name_must_read_as_a_reference():
     with pytest.raises(ValueError, match="globals.yml"):
         registry.use_registered_model("conductor qwen")
+
+
+def test_conductor_promote_rolls_back_the_profiles_own_model(monkeypatch, capsys):
+    """`conductor promote --rollback --env gpu` moves conductor-qwen's champion, not the
+    sandbox's."""
+    from argparse import Namespace
+
+    from conductor_pipeline import cli, promotion
+
+    asked: list[str] = []
+
+    monkeypatch.setattr(promotion, "_alias_version", lambda client, alias, name: asked.append(name))
+    monkeypatch.setattr(promotion, "_client", lambda: object())  # no MLflow store needed
+    assert cli.cmd_promote(Namespace(rollback=True, env="gpu")) == 1
+    assert asked == ["conductor-qwen"]
+    assert "conductor-qwen has no champion" in capsys.readouterr().err

@@ -211,7 +211,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_promote(args: argparse.Namespace) -> int:
     """Gate a version (default: the challenger) from recorded figures, or roll back."""
     from conductor_pipeline import promotion
+    from conductor_pipeline.project import load_project_config
+    from conductor_pipeline.registry import use_registered_model
 
+    config = load_project_config(args.env)
+    use_registered_model(config.registered_model)  # --env gpu: conductor-qwen
     if args.rollback:
         try:
             moved = promotion.rollback()
@@ -222,9 +226,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
         return 0
 
     from conductor_pipeline.pipelines.promotion.nodes import promote_recorded
-    from conductor_pipeline.project import load_project_config
 
-    params = load_project_config(args.env).parameters.get("promotion") or {}
+    params = config.parameters.get("promotion") or {}
     try:
         outcome = promote_recorded(args.version, params)
     except (LookupError, ValueError) as err:
