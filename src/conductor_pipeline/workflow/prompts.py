@@ -7,8 +7,9 @@ All wording here is ours. Design choices, briefly:
   that says which worker is good at what. ``worker_info: description`` shows
   "Worker <n>: <description>" instead; names are never added here (callers pass
   descriptions; keep them free of model names to avoid priors).
-- The default prompt is short because the sandbox Conductor is a 135M model that must fit
-  the prompt plus a 512-token completion in its context.
+- The rules are short; the four built-in worked examples (``DEFAULT_FEW_SHOT``, the GPU
+  profile's prompt) roughly triple the prompt, so the sandbox's 135M Conductor, whose
+  format the SFT warm start teaches, is prompted without them (``few_shot: []``).
 - ``PromptConfig.question_to_workers`` (default ``False``): in our sandbox a worker sees only
   its subtask and the steps its access list shows it, so the Conductor has to write
   self-contained subtasks. ``True`` reproduces the authors' released code, where every
@@ -81,55 +82,126 @@ class FewShotExample:
         return parse_workflow(self.workflow, 1_000_000, limits=limits)
 
 
+# Four worked examples, all outside the benchmarks the Conductor trains and is tested on (as
+# the paper's final prompt: a clinical vignette, a harder number-theory count, two
+# reach-the-target arithmetic puzzles), so that they teach the format and the shapes of a
+# workflow (one step; solve then check; parallel attempts then a comparison) without handing
+# over a routing for a benchmark's domain; the paper found in-distribution examples
+# encouraged a lazy strategy. Together they use every worker id of a 7-worker pool, so no
+# worker looks preferred; ids are taken modulo a smaller pool when rendered. Every access
+# list is "all" or [], which both access formats accept.
 DEFAULT_FEW_SHOT: tuple[FewShotExample, ...] = (
     FewShotExample(
         question=(
-            "Muffins cost $2.50 each or $13 for a box of 6. What is the cheapest way to buy "
-            "exactly 15 muffins, and what does it cost?"
+            "Using each of the numbers 4, 6, 25 and 75 at most once, and only +, -, * and /, "
+            "write an expression equal to 331."
         ),
         reasoning=(
-            "Price comparisons invite arithmetic slips, so two workers solve it separately, "
-            "then one of them checks both attempts and gives the result."
+            "A small search that one worker can finish and check by itself; one step is enough."
         ),
         workflow=Workflow(
             [
                 Step(
-                    1,
-                    "Muffins cost $2.50 each or $13 for a box of 6. Find the cheapest way to "
-                    "buy exactly 15 muffins and its total cost. Show the arithmetic.",
-                ),
-                Step(
-                    0,
-                    "Muffins cost $2.50 each or $13 for a box of 6. Find the cheapest way to "
-                    "buy exactly 15 muffins and its total cost. Show the arithmetic.",
-                ),
-                Step(
-                    1,
-                    "Check both attempts at the muffin problem and state the cheapest option "
-                    "and its cost.",
-                    (0, 1),
+                    2,
+                    "Using each of the numbers 4, 6, 25 and 75 at most once, and only +, -, * "
+                    "and /, write an expression equal to 331. Evaluate it step by step to "
+                    "confirm the value, then give the expression alone on the last line.",
                 ),
             ]
         ),
     ),
     FewShotExample(
         question=(
-            "Write a short, friendly email reminding a team to submit timesheets by Friday, "
-            "then translate it into Spanish."
+            "A 58-year-old man has had crushing chest pain for 40 minutes, with sweating and "
+            "ST elevation in leads II, III and aVF. Which coronary artery is most likely "
+            "blocked, and what is the preferred reperfusion if a catheter lab is 60 minutes "
+            "away?"
         ),
-        reasoning="Drafting and translating are separate jobs: one worker drafts, another translates.",
+        reasoning=(
+            "Clinical questions reward a careful second reading: one worker reasons through "
+            "the case, another checks that reasoning against the findings and gives the "
+            "final answer."
+        ),
+        workflow=Workflow(
+            [
+                Step(
+                    4,
+                    "A 58-year-old man has had crushing chest pain for 40 minutes, with "
+                    "sweating and ST elevation in leads II, III and aVF. Name the coronary "
+                    "artery most likely blocked and the preferred reperfusion when a catheter "
+                    "lab is 60 minutes away. Explain how the ECG leads and the delay lead to "
+                    "your answer.",
+                ),
+                Step(
+                    1,
+                    "Check the answer above: do the leads point to that artery, and does the "
+                    "60-minute delay allow that reperfusion under current guidelines? Correct "
+                    "anything wrong and state the artery and the treatment.",
+                    (0,),
+                    all_access=True,
+                ),
+            ]
+        ),
+    ),
+    FewShotExample(
+        question="How many ordered pairs of positive integers (a, b) satisfy 1/a + 1/b = 1/12?",
+        reasoning=(
+            "Counting problems are easy to get slightly wrong, so three workers solve it "
+            "independently without seeing each other, and a fourth compares their counts "
+            "and settles the answer."
+        ),
         workflow=Workflow(
             [
                 Step(
                     0,
-                    "Write a short, friendly email reminding a team to submit their "
-                    "timesheets by Friday.",
+                    "Count the ordered pairs of positive integers (a, b) with 1/a + 1/b = "
+                    "1/12. Rewrite the equation as a product, count its solutions, and end "
+                    "with the count.",
                 ),
                 Step(
-                    1,
-                    "Translate the email above into Spanish, keeping its tone. Reply with the "
-                    "Spanish email only.",
+                    5,
+                    "Find how many ordered pairs of positive integers (a, b) satisfy 1/a + "
+                    "1/b = 1/12. Justify the count and end with the number.",
+                ),
+                Step(
+                    3,
+                    "Solve 1/a + 1/b = 1/12 in positive integers and report how many ordered "
+                    "pairs (a, b) there are, listing enough of them to show the pattern.",
+                ),
+                Step(
+                    6,
+                    "Three attempts above count the ordered pairs of positive integers with "
+                    "1/a + 1/b = 1/12. Compare their methods, find any mistake, and give the "
+                    "correct count.",
+                    (0, 1, 2),
+                    all_access=True,
+                ),
+            ]
+        ),
+    ),
+    FewShotExample(
+        question=(
+            "Using each of the numbers 2, 8, 9 and 100 at most once, and only +, -, * and /, "
+            "write an expression equal to 818."
+        ),
+        reasoning=(
+            "Puzzles like this are quick to attempt but easy to get subtly wrong (a number "
+            "used twice), so one worker solves it and another verifies the rules."
+        ),
+        workflow=Workflow(
+            [
+                Step(
+                    3,
+                    "Using each of the numbers 2, 8, 9 and 100 at most once, and only +, -, * "
+                    "and /, write an expression equal to 818. Show its value step by step.",
+                ),
+                Step(
+                    5,
+                    "Verify the expression above: it may use only 2, 8, 9 and 100, each at "
+                    "most once, with +, -, * and /, and must equal 818. Fix it if it breaks a "
+                    "rule, then give the final expression alone on the last line.",
                     (0,),
+                    all_access=True,
                 ),
             ]
         ),
