@@ -50,7 +50,9 @@ def test_gpu_profile_follows_the_paper():
     assert TrainingConfig.from_params(config.parameters["training"]).lora.dropout == 0.0
     assert conductor.temperature == 1.0 and conductor.max_tokens == 1024
     quotas = config.parameters["data_prep"]["domain_quota"]
-    assert sum(quotas.values()) == 960 and len(set(quotas.values())) == 1
+    train_share = config.parameters["data_prep"]["split_ratios"]["train"]
+    # the paper trains on 960 problems, balanced: the train split, not the quota, holds them
+    assert sum(quotas.values()) * train_share == 960 and len(set(quotas.values())) == 1
 
 
 @pytest.mark.parametrize("env", ["base", "gpu"])
@@ -140,6 +142,13 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     # changed on purpose since the snapshot: gpu serves the rounds its promotion evaluated (0)
     before["conductor"]["max_rounds"] = 0
     before["training"]["lora"]["dropout"] = 0.0  # and trains without LoRA dropout, as the paper
+    # and trains on the paper's 960 (300 a domain, 0.8 of them in train), and evaluates RLPR
+    # on its held-out test set instead of its train split
+    before["data_prep"]["domain_quota"] = dict.fromkeys(before["data_prep"]["domain_quota"], 300)
+    before["evaluation"]["benchmarks"]["rlpr"] = {
+        "split": "test",
+        "data_files": "data/01_raw/rlpr/WebInstruct-verified-val_Avg2.parquet",
+    }
     # and names where TRL's server mode finds its vLLM server, off evaluation's port
     before["training"]["grpo"]["vllm_server_base_url"] = "http://127.0.0.1:8100"
     # and keeps its own data tree and registered model (conf/gpu/globals.yml)
