@@ -1,11 +1,12 @@
 """The ``conductor`` command: ask the Conductor a question, serve the Conductor API, run the
-sandbox worker server, promote / roll back a registered Conductor version, or compute what
-fixed strategies score in the sandbox."""
+sandbox worker server, promote / roll back a registered Conductor version, compute what
+fixed strategies score in the sandbox, or check what a run needs (``preflight``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -243,6 +244,30 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0 if outcome["decision"] in ("promoted", "unchanged") else 3
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """The checks ``kedro run`` makes first with ``preflight.enabled``, alone: every worker,
+    key and dataset of the profile; one line per problem, exit status 1 if any."""
+    from conductor_pipeline.preflight import CHECKS, PreflightSettings, run_preflight
+    from conductor_pipeline.project import load_project_config
+
+    config = load_project_config(args.env)
+    settings = PreflightSettings.from_params(config.parameters.get("preflight"))
+    if args.hosted_completion is not None:
+        settings = dataclasses.replace(settings, hosted_completion=args.hosted_completion)
+    checks = args.checks or list(CHECKS)
+    problems = run_preflight(
+        dataclasses.replace(settings, checks=tuple(checks)),
+        checks,
+        config.parameters,
+        config.worker_pool,
+        config.credentials,
+    )
+    for problem in problems:
+        print(f"- {problem}")
+    print(f"preflight ({config.env}): {', '.join(checks)}: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
 SPLITS = ("test", "validation", "train")
 NO_SPLIT = (
     "conductor strategies: the {split} split is not prepared ({path}); "
@@ -430,6 +455,27 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox.add_argument("--env", default=None)
     sandbox.add_argument("--latency-scale", type=float, default=None)
     sandbox.set_defaults(handler=cmd_sandbox)
+
+    preflight = commands.add_parser(
+        "preflight",
+        help="check every worker endpoint, key and dataset a run of the profile needs "
+        "(what `kedro run` checks first with preflight.enabled)",
+    )
+    preflight.add_argument("--env", default=None, help="configuration environment, e.g. gpu")
+    preflight.add_argument(
+        "--checks",
+        nargs="+",
+        choices=("workers", "data_prep", "benchmarks"),
+        default=None,
+        help="only these checks (default: all)",
+    )
+    preflight.add_argument(
+        "--hosted-completion",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one short paid request per hosted worker (default: preflight.hosted_completion)",
+    )
+    preflight.set_defaults(handler=cmd_preflight)
 
     strategies = commands.add_parser(
         "strategies",

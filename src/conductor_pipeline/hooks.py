@@ -5,7 +5,9 @@ the processes other than the main one in memory (``accelerate launch``)."""
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import UTC, datetime
+from typing import Any
 
 from kedro.framework.hooks import hook_impl
 from kedro.pipeline import Pipeline
@@ -45,6 +47,25 @@ def refuse_single_process_stages(pipeline: Pipeline, processes: int) -> None:
         )
 
 
+def preflight_or_exit(pipeline: Pipeline, catalog: Any) -> None:
+    """The preflight checks (``conductor_pipeline.preflight``, ``preflight.enabled``) for
+    what ``pipeline`` will use. Problems end the run before its first node, one message
+    for each, and the MLflow run kedro-mlflow has just opened is marked failed."""
+    from conductor_pipeline.preflight import PreflightFailed, check_before_run
+
+    def read(name: str) -> Any:
+        return catalog.load(name) if name in catalog else None
+
+    try:
+        check_before_run(pipeline.all_inputs(), read)
+    except PreflightFailed as failed:
+        import mlflow
+
+        if is_main_process() and mlflow.active_run() is not None:
+            mlflow.end_run(status="FAILED")
+        raise SystemExit(f"\nCannot run: {failed}") from None
+
+
 class ProjectHooks:
     def __init__(self) -> None:
         self._config_loader = None
@@ -62,14 +83,31 @@ class ProjectHooks:
         them, so a run that also evaluates, promotes or reports is refused before its first
         node. Only the main process writes the pipeline's outputs; in the others they stay
         in memory (the nodes return the main process's results), so no file or MLflow
-        artifact is written twice."""
+        artifact is written twice. With ``preflight.enabled`` (conf/gpu) the workers, keys
+        and datasets the run needs are checked first (:func:`preflight_or_exit`)."""
         refuse_single_process_stages(pipeline, num_processes())
+        preflight_or_exit(pipeline, catalog)
         if is_main_process():
             return
         from kedro.io import MemoryDataset
 
         for name in sorted(pipeline.all_outputs()):
             catalog[name] = MemoryDataset()
+
+    # trylast: kedro-mlflow's on_pipeline_error (which closes the MLflow run as failed) first
+    @hook_impl(trylast=True)
+    def on_pipeline_error(self, error, run_params, pipeline, catalog) -> None:
+        """A run a ``training.caps`` cap stopped ends with the cap's message (what was
+        reached, where the checkpoint is, how to continue) instead of a traceback."""
+        caps = sys.modules.get("conductor_pipeline.training.caps")
+        if caps is None:
+            return  # nothing imported it, so no cap stopped anything (and no torch import)
+        seen: set[int] = set()
+        while error is not None and id(error) not in seen:
+            if isinstance(error, caps.TrainingStopped):
+                raise SystemExit(f"\nStopped: {error}") from None
+            seen.add(id(error))
+            error = error.__cause__ or error.__context__
 
     @hook_impl
     def after_catalog_created(self, catalog) -> None:
