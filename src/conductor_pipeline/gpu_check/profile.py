@@ -110,8 +110,10 @@ def _training_section(path: Path) -> dict[str, Any]:
 
 
 def default_conf_root() -> Path:
-    """The checkout's ``conf`` folder (this file lives in ``src/conductor_pipeline/...``)."""
-    return Path(__file__).resolve().parents[3] / "conf"
+    """The checkout's ``conf`` folder (this file lives in ``src/conductor_pipeline/...``),
+    else the working directory's (an installed copy)."""
+    checkout = Path(__file__).resolve().parents[3] / "conf"
+    return checkout if checkout.is_dir() else Path.cwd() / "conf"
 
 
 def load_profile(conf_root: Path | None = None, env: str = "gpu") -> ProfileShapes:
