@@ -12,7 +12,7 @@ DEFAULT_HEADROOM = 0.05  # of the device's memory, for fragmentation and the all
 
 OUT_OF_SCOPE = (
     "the worker pool and its API keys, the datasets, several processes (NCCL) and the real "
-    "reward (each rollout's workflow run on the workers): the preflight checks those"
+    "reward (each rollout's workflow run on the workers): `conductor preflight` checks those"
 )
 
 
