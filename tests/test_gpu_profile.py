@@ -132,6 +132,10 @@ def gpu_project(tmp_path, monkeypatch) -> dict:
     def workers(data: dict) -> None:
         sandbox = yaml.safe_load((REPO / "conf/base/workers.yml").read_text())["worker_pool"]
         sandbox["sandbox"].update(workers=SIMULATED, load_real_model=False, latency_scale=0.0)
+        # the simulated workers know the questions of this profile's splits (data/gpu)
+        sandbox["sandbox"]["tasks"] = [
+            path.replace("data/", "data/gpu/", 1) for path in sandbox["sandbox"]["tasks"]
+        ]
         data.clear()
         data["worker_pool"] = sandbox
 
