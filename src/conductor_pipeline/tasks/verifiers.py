@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from conductor_pipeline.tasks import judge_pool
 from conductor_pipeline.tasks.code_sandbox import (
     SandboxLimits,
     run_call_tests,
@@ -48,22 +49,43 @@ class Verdict:
     reason: str
 
 
-def verify(task: Task, response: str) -> Verdict:
-    """Judge ``response`` to ``task`` with the verifier the task names."""
+def verify(task: Task, response: str, *, time_limit_s: float | None = None) -> Verdict:
+    """Judge ``response`` to ``task`` with the verifier the task names.
+
+    The verifiers that hand the answer to an expression parser (``math``,
+    ``reasoning_gym``) judge in a child process (:mod:`judge_pool`) and give up after
+    ``time_limit_s`` (default ``CONDUCTOR_VERIFY_TIME_LIMIT_S`` or 10 s) with a wrong
+    answer; code runs in its own sandbox with its own limits.
+    """
     name = getattr(task, "verifier", None)
-    check = _VERIFIER_FUNCTIONS.get(name)  # type: ignore[arg-type]
-    if check is None:
+    if name not in _VERIFIER_FUNCTIONS:
         raise ValueError(f"unknown verifier {name!r}; expected one of {VERIFIERS}")
     if not isinstance(response, str):
         return Verdict(False, 0.0, None, f"response is not text ({type(response).__name__})")
     if not response.strip():
         return Verdict(False, 0.0, None, "empty response")
-    try:
-        verdict = check(task, response[-_MAX_RESPONSE_CHARS:])
-    except Exception as exc:  # a verifier bug or odd input must not crash a rollout
-        return Verdict(False, 0.0, None, f"{name} verifier failed: {type(exc).__name__}: {exc}")
+    text = response[-_MAX_RESPONSE_CHARS:]
+    if name in _PARSER_VERIFIERS:
+        verdict = Verdict(*judge_pool.judge(task, text, time_limit_s))
+    else:
+        verdict = judge_in_process(task, text)
     score = min(1.0, max(0.0, float(verdict.score))) if math.isfinite(verdict.score) else 0.0
     return Verdict(verdict.correct, score, verdict.extracted, verdict.reason)
+
+
+def judge_in_process(task: Task, response: str) -> Verdict:
+    """The task's verifier, run here without a time limit (judge_pool's children call it)."""
+    name = task.verifier
+    try:
+        return _VERIFIER_FUNCTIONS[name](task, response)
+    except Exception as exc:  # a verifier bug or odd input must not crash a rollout
+        return Verdict(False, 0.0, None, f"{name} verifier failed: {type(exc).__name__}: {exc}")
+
+
+def load_parsers() -> None:
+    """Import the expression parsers the child-process verifiers use."""
+    import math_verify  # noqa: F401
+    import reasoning_gym  # noqa: F401
 
 
 # --------------------------------------------------------------------------------------
@@ -574,3 +596,6 @@ _VERIFIER_FUNCTIONS: dict[str, Callable[[Task, str], Verdict]] = {
     "code": _verify_code,
     "reasoning_gym": _verify_reasoning_gym,
 }
+# judged in a child process under a time limit: their parsers can run for hours on a short
+# answer while holding the GIL
+_PARSER_VERIFIERS = frozenset({"math", "reasoning_gym"})
