@@ -151,6 +151,12 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     }
     # and names where TRL's server mode finds its vLLM server, off evaluation's port
     before["training"]["grpo"]["vllm_server_base_url"] = "http://127.0.0.1:8100"
+    # and stops by itself when rollouts stay masked or the worker budget is spent
+    before["training"]["caps"] = {
+        "max_masked_rate": 0.5,
+        "masked_rate_window": 5,
+        "max_worker_cost_usd": 1500,
+    }
     # and keeps its own data tree and registered model (conf/gpu/globals.yml)
     for section, key, value in (
         ("conductor", "policy", {"adapter": "models:/conductor-qwen@champion"}),

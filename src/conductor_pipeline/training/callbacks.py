@@ -105,7 +105,8 @@ class MetricsCallback(_trainer_callback_base()):  # type: ignore[misc]
 
     Names are ``<prefix><metric>`` (e.g. ``grpo/reward/mean``, ``grpo/workers/share/sim-sage``,
     ``grpo/tokens_per_s``); the step is ``step_offset + global_step``. Every record is also
-    appended to ``history``.
+    appended to ``history``. Under several processes the rollout statistics cover the
+    rollouts of all processes (:meth:`RolloutStats.drain` gathers them).
     """
 
     def __init__(
@@ -123,6 +124,9 @@ class MetricsCallback(_trainer_callback_base()):  # type: ignore[misc]
         self.step_offset = step_offset
         self.history = history if history is not None else []
         self._step_started = time.perf_counter()
+        # called on every process with each logged step's rollout metrics and step; what
+        # they return joins the step's record (CapsCallback counts the caps here)
+        self.observers: list[Callable[[dict[str, float], int], dict[str, float]]] = []
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001
         self._step_started = time.perf_counter()
@@ -131,21 +135,26 @@ class MetricsCallback(_trainer_callback_base()):  # type: ignore[misc]
         logs = logs or {}
         if "loss" not in logs and "reward" not in logs:
             return  # the end-of-training summary, not a step
+        # every process drains (the rollouts of all of them are gathered) and tells the
+        # observers, so that all processes take the same decisions (training.caps)
+        rollout = self.stats.drain()
+        step = self.step_offset + int(state.global_step)
+        observed: dict[str, float] = {}
+        for observe in self.observers:
+            observed.update(observe(dict(rollout), step))
         if not getattr(state, "is_world_process_zero", True):
-            self.stats.drain()  # multi-process runs: only the main process reports
-            return
+            return  # several processes: only the main one reports
         metrics: dict[str, float] = {}
         for key, name in _TRL_KEYS.items():
             value = logs.get(key)
             if isinstance(value, int | float) and math.isfinite(value):
                 metrics[name] = float(value)
-        rollout = self.stats.drain()
         tokens = rollout.pop("rollouts/completion_tokens", 0.0)
         metrics.update(rollout)
+        metrics.update(observed)
         seconds = metrics.get("step_time_s") or (time.perf_counter() - self._step_started)
         if seconds > 0 and tokens:
             metrics["tokens_per_s"] = tokens / seconds
-        step = self.step_offset + int(state.global_step)
         record = {f"{self.prefix}{k}": v for k, v in metrics.items()}
         self.history.append({"step": float(step), **record})
         if self.log_metrics is not None:

@@ -15,6 +15,7 @@ Layout of the ``training`` mapping (every key optional; defaults are the sandbox
     sft:       the scripted warm start (on in the sandbox, off at full scale)
     recursion: the optional recursion fine-tune stage
     budget:    hard per-rollout limits on worker steps, tokens and dollars
+    caps:      when a run stops by itself: masked-rollout rate, total worker dollars
 
 The prompt is not here: training writes its prompts from ``conductor.prompt``
 (``conf/*/parameters_conductor.yml``), the same settings evaluation, serving and
@@ -38,6 +39,7 @@ __all__ = [
     "FULL_FINETUNE_LR",
     "SMOLLM2",
     "BudgetSettings",
+    "CapsSettings",
     "GRPOSettings",
     "LoraSettings",
     "RecursionSettings",
@@ -295,6 +297,31 @@ class BudgetSettings:
 
 
 @dataclass(frozen=True)
+class CapsSettings:
+    """When a GRPO run stops by itself, with a checkpoint of the step it stopped at.
+
+    ``max_masked_rate``: stop once the share of masked rollouts (infrastructure failures
+    after every retry, ``grpo/rollouts/masked_rate``) has been above this for
+    ``masked_rate_window`` consecutive steps: such steps train on little or no signal.
+    ``max_worker_cost_usd``: stop once the worker dollars the rollouts spent in this run
+    (all stages, all processes, carried over a resume) reach this. Null: no cap. Not part
+    of the run fingerprint, so a run stopped by a cap continues from its checkpoint once
+    the cap is raised.
+    """
+
+    max_masked_rate: float | None = None
+    masked_rate_window: int = 5
+    max_worker_cost_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_masked_rate is not None:
+            _check(0 <= self.max_masked_rate < 1, "max_masked_rate must be in [0, 1) or null")
+        _check(self.masked_rate_window >= 1, "masked_rate_window must be at least 1")
+        if self.max_worker_cost_usd is not None:
+            _check(self.max_worker_cost_usd > 0, "max_worker_cost_usd must be positive or null")
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """Everything the training pipeline needs besides the data and the worker pool.
 
@@ -320,6 +347,7 @@ class TrainingConfig:
     sft: SFTSettings = field(default_factory=SFTSettings)
     recursion: RecursionSettings = field(default_factory=RecursionSettings)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
+    caps: CapsSettings = field(default_factory=CapsSettings)
 
     def __post_init__(self) -> None:
         _check(bool(self.base_model), "base_model must not be empty")
@@ -351,8 +379,9 @@ class TrainingConfig:
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
 
     # -- identity -------------------------------------------------------------------------
-    # Keys that change where or how often things are written, not what is learned.
-    _OPERATIONAL = frozenset({"output_dir", "resume"})
+    # Keys that change where or how often things are written, or when a run stops, not
+    # what is learned.
+    _OPERATIONAL = frozenset({"output_dir", "resume", "caps"})
     _OPERATIONAL_GRPO = frozenset({"save_steps", "save_total_limit"})
 
     def fingerprint(self) -> str:

@@ -18,6 +18,7 @@ most the steps since the last save; a finished SFT warm start is reused as is.
 This module is the orchestration; the parts live next to it: ``inputs`` (the pool and the
 prompt dataset), ``configs`` (``GRPOConfig`` and ``LoraConfig`` from the training config),
 ``models`` (loading, adapters, saving), ``callbacks`` (metrics and rollout samples),
+``caps`` (the run stops itself at ``training.caps``),
 ``sft`` (the warm start), ``artifacts`` (the run folder and its records) and ``trainer``
 (the GRPOTrainer subclass). The names other packages import from here are re-exported.
 """
@@ -51,6 +52,7 @@ from conductor_pipeline.training.callbacks import (
     RolloutSampleLog,
     install_log_filter,
 )
+from conductor_pipeline.training.caps import CapsCallback, RunCaps, TrainingStopped
 from conductor_pipeline.training.configs import (
     TrainingConfig,
     grpo_args,
@@ -81,6 +83,7 @@ __all__ = [
     "MetricsCallback",
     "PoolInfo",
     "RolloutSampleLog",
+    "TrainingStopped",
     "TrainerPolicy",
     "TrainingResult",
     "build_prompt_dataset",
@@ -119,6 +122,7 @@ class _Run:
     callbacks: Sequence[Any]
     grpo_overrides: Mapping[str, Any] | None
     start_adapter: Path | None = None
+    caps: RunCaps | None = None  # training.caps, over every GRPO stage of the run
     rows: list[dict[str, Any]] = field(default_factory=list)
     report: dict[str, int] = field(default_factory=dict)  # what build_prompt_dataset kept
     history: list[dict[str, float]] = field(default_factory=list)
@@ -212,6 +216,7 @@ def _open_run(
         callbacks=callbacks,
         grpo_overrides=grpo_overrides,
         start_adapter=Path(start_adapter) if start_adapter else None,
+        caps=RunCaps(config.caps),
     )
 
 
@@ -288,6 +293,7 @@ def _build_trainer(run: _Run, stage: _Stage) -> tuple[Any, RolloutSampleLog | No
     metrics = MetricsCallback(
         stats, run.log_metrics, prefix=prefix, step_offset=stage.step_offset, history=run.history
     )
+    caps = CapsCallback(run.caps or RunCaps(config.caps), metrics)
     trainer = conductor_trainer_class()(
         model=model,
         reward_funcs=[reward],
@@ -295,7 +301,7 @@ def _build_trainer(run: _Run, stage: _Stage) -> tuple[Any, RolloutSampleLog | No
         train_dataset=Dataset.from_list(run.rows),
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[metrics, *run.callbacks],
+        callbacks=[metrics, caps, *run.callbacks],
     )
     # one bar per stage (step/total, ETA, reward mean, parse rate) instead of TRL's log dicts;
     # added after the metrics callback, whose record of the step the bar reads
@@ -324,6 +330,9 @@ def _run_stage(run: _Run, stage: _Stage, tokenizer: Any) -> tuple[Path, int, str
             resumed_step = int(checkpoint.name.rsplit("-", 1)[-1]) if checkpoint else 0
             samples.forget_after(stage.step_offset + resumed_step)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if run.caps is not None and run.caps.stop_reason is not None:
+        # a cap was reached: the checkpoint of that step is saved; no adapter is published
+        raise TrainingStopped(run.caps.stop_reason)
     final = stage_dir / "final"
     save_model(trainer, tokenizer, final)
     return final, int(trainer.state.global_step), str(checkpoint) if checkpoint else None
@@ -374,6 +383,9 @@ def train_conductor(
     fingerprints that identify the run. ``callbacks`` are extra ``TrainerCallback``s for
     the GRPO stages (tests use one to interrupt a run); ``grpo_overrides`` extra
     ``GRPOConfig`` arguments (not part of the fingerprint).
+
+    Raises :class:`TrainingStopped` when a ``training.caps`` cap stops the run (the
+    checkpoint of the step it stopped at is kept; no adapter is published).
     """
     _check_recursion_generation(config)
     install_log_filter()

@@ -3,15 +3,38 @@ after each logging step (reward, parse rate, accuracy, masking, cost, routing)."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Sequence
 
 from conductor_pipeline.training.scoring import RolloutScore
 from conductor_pipeline.workflow import SHAPES
 
-__all__ = ["RolloutStats", "multi_step_gap", "routing_metrics", "summarise_scores"]
+__all__ = [
+    "RolloutStats",
+    "gather_from_processes",
+    "multi_step_gap",
+    "routing_metrics",
+    "summarise_scores",
+]
+
+
+def gather_from_processes(value: object) -> list[object]:
+    """``value`` of every process of the running ``torch.distributed`` group, in rank
+    order (every process must call it); ``[value]`` when there is no group of two or
+    more. Without torch imported there can be no group, so torch is not imported here."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return [value]
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return [value]
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 class RolloutStats:
@@ -22,7 +45,8 @@ class RolloutStats:
     ``rollouts/parse_rate``, ``rollouts/accuracy`` (of scored rollouts),
     ``rollouts/masked_rate``, ``rollouts/infra_failure_rate`` (failed calls / calls),
     ``rollouts/retries_per_rollout``, ``workflow/steps_mean``, ``workflow/cost_usd_mean``,
-    ``workflow/tokens_mean``, ``workflow/cache_hit_rate``, ``workers/share/<name>``,
+    ``workflow/cost_usd_sum`` (dollars paid for all of them), ``workflow/tokens_mean``,
+    ``workflow/cache_hit_rate``, ``workers/share/<name>``,
     ``rollouts/completion_tokens`` (total, for tokens/s) and ``rollouts/score_seconds``
     (wall time spent executing and verifying workflows). What the Conductor learns to do,
     over the parsed rollouts: ``domain/<domain>/worker/<name>`` (share of that domain's
@@ -31,6 +55,10 @@ class RolloutStats:
     rollout, parsed or not: ``rollouts/multi_step_attempt_share`` and
     ``rollouts/unequal_lists_rate``; and what trying pays: ``reward/multi_minus_single``
     (:func:`multi_step_gap`, over the groups of ``group_size`` consecutive rollouts).
+
+    Several processes (``torch.distributed`` initialised): each process scores its share of
+    a step's rollouts, and ``drain()``, which every process calls, gathers all the shares
+    first, so every process returns the metrics of the whole step.
     """
 
     def __init__(self, worker_names: Sequence[str] | None = None, group_size: int = 1) -> None:
@@ -56,10 +84,19 @@ class RolloutStats:
         self.total_rollouts += len(scores)
 
     def drain(self) -> dict[str, float]:
-        scores, self._scores = self._scores, []
-        groups, self._groups = self._groups, []
-        tokens, self.completion_tokens = self.completion_tokens, 0
-        seconds, self.score_seconds = self.score_seconds, 0.0
+        share = (
+            _light(self._scores),
+            [_light(group) for group in self._groups],
+            self.completion_tokens,
+            self.score_seconds,
+        )
+        self._scores, self._groups, self.completion_tokens, self.score_seconds = [], [], 0, 0.0
+        shares = gather_from_processes(share)
+        scores = [score for part in shares for score in part[0]]
+        groups = [group for part in shares for group in part[1]]
+        tokens = sum(part[2] for part in shares)
+        # the processes score side by side: the step waited for the slowest
+        seconds = max(part[3] for part in shares)
         metrics = summarise_scores(scores, self.worker_names, completion_tokens=tokens)
         if metrics:
             metrics["rollouts/score_seconds"] = seconds
@@ -67,6 +104,14 @@ class RolloutStats:
             if gap is not None:
                 metrics["reward/multi_minus_single"] = gap
         return metrics
+
+
+def _light(scores: Sequence[RolloutScore]) -> list[RolloutScore]:
+    """``scores`` without their execution records (worker replies), which no metric
+    reads and which would make every gather carry every reply of the step."""
+    if all(s.execution is None for s in scores):
+        return list(scores)
+    return [dataclasses.replace(s, execution=None) for s in scores]
 
 
 def multi_step_gap(groups: Sequence[Sequence[RolloutScore]]) -> float | None:
@@ -133,6 +178,8 @@ def summarise_scores(
         "rollouts/unequal_lists_rate": sum(1 for s in scores if s.unequal_lists) / n,
         "workflow/steps_mean": _mean([s.n_steps for s in parsed]),
         "workflow/cost_usd_mean": _mean([s.cost_usd for s in parsed]),
+        # what the rollouts paid the workers (cache hits are free): the training spend cap
+        "workflow/cost_usd_sum": float(sum(s.cost_usd for s in scores)),
         "workflow/list_cost_usd_mean": _mean([s.list_cost_usd for s in parsed]),
         "workflow/tokens_mean": _mean([s.tokens for s in parsed]),
         "workflow/calls_mean": _mean([s.calls for s in parsed]),
