@@ -21,8 +21,13 @@ def test_pipeline_shape_and_catalog_entries():
     pipeline = create_pipeline()
     assert {n.name for n in pipeline.nodes} == {"train_conductor", "register_conductor"}
     params = [i for n in pipeline.nodes for i in n.inputs if i.startswith("params:")]
-    # the training parameters and the Conductor prompt shared with evaluation and serving
-    assert params == ["params:training", "params:conductor.prompt"]
+    # the training parameters, the Conductor prompt shared with evaluation and serving, and
+    # whether training runs in a process of its own
+    assert params == [
+        "params:training",
+        "params:conductor.prompt",
+        "params:stages.training.own_process",
+    ]
     catalog = yaml.safe_load((ROOT / "conf" / "base" / "catalog_training.yml").read_text())
     assert set(pipeline.all_outputs()) <= set(catalog)
     # worker configuration arrives as datasets (project hook), never as params

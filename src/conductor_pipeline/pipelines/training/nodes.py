@@ -3,19 +3,26 @@
 Only ``train_conductor`` takes parameters (``params:training`` and ``params:conductor.prompt``,
 the prompt shared with evaluation and serving), so kedro-mlflow logs them once; worker
 configurations never pass through ``params:``.
+
+With ``stages.training.own_process`` (conf/gpu) the training work runs in a fresh child
+process that exits before the node returns (:mod:`conductor_pipeline.stage_process`), so
+the model, its optimizer state and a colocated vLLM engine have left the GPU before
+evaluation launches its own vLLM server.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
 
-from conductor_pipeline.distributed import broadcast_from_main, is_main_process
+from conductor_pipeline.distributed import broadcast_from_main, is_main_process, num_processes
 from conductor_pipeline.paths import project_root
 from conductor_pipeline.pipelines.data_prep.preflight import check_gpu, missing_key_error
 from conductor_pipeline.registry import (
@@ -24,6 +31,7 @@ from conductor_pipeline.registry import (
     registered_model,
     set_version_description,
 )
+from conductor_pipeline.stage_process import run_in_own_process
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import PoolInfo, train_conductor
@@ -48,6 +56,25 @@ def log_metrics_to_mlflow(metrics: dict[str, float], step: int) -> None:
     clean = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
     if clean:
         mlflow.log_metrics(clean, step=int(step))
+
+
+def _metrics_logger(run: tuple[str, str] | None) -> Callable[[dict[str, float], int], None]:
+    """Logs into the MLflow run ``(tracking URI, run id)`` from a process that did not
+    start it (the training stage's own process); a no-op without a run."""
+    if run is None:
+        return lambda metrics, step: None
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient(run[0])
+
+    def log(metrics: dict[str, float], step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+        if clean:
+            now = int(time.time() * 1000)
+            batch = [Metric(k, v, now, int(step)) for k, v in clean.items()]
+            client.log_batch(run[1], metrics=batch)
+
+    return log
 
 
 def _tasks(frame: pd.DataFrame) -> list[Task]:
@@ -76,12 +103,17 @@ def train_conductor_node(
     worker_pool_config: dict[str, Any],
     worker_credentials: dict[str, Any],
     start_from: str | None = None,
+    own_process: bool = False,
 ) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     """SFT warm start (optional) + GRPO (+ recursion stage) on the train split.
 
     ``start_from`` (retraining): a registry reference such as ``models:/conductor@champion``
     or a LoRA folder to continue from instead of the warm start; a reference that does not
     resolve yet (no champion in a fresh project) trains from the base model.
+
+    ``own_process`` (``params:stages.training.own_process``): train in a fresh child process
+    that has exited when this returns. Ignored when launched as several processes
+    (``accelerate launch``), which run training only.
 
     Returns the adapter info (where the adapter is, fingerprints, timings), the per-step
     GRPO metrics history and the per-step SFT history (``SFT_HISTORY_COLUMNS``; no rows
@@ -93,6 +125,53 @@ def train_conductor_node(
     start_adapter = _start_adapter(start_from, config.base_model)
     # a missing GPU or key: one message naming the fix, before any model is loaded
     check_gpu(["training.grpo.use_vllm"] if config.grpo.use_vllm else [])
+    work = (tasks, config, prompt, worker_pool_config, worker_credentials, start_adapter)
+    if own_process and num_processes() == 1:
+        info, history, sft_rows = run_in_own_process(
+            "training", _train_in_own_process, *work, _active_run()
+        )
+    else:
+        info, history, sft_rows = _train(*work, log_metrics_to_mlflow)
+    sft_history = pd.DataFrame(sft_rows, columns=list(SFT_HISTORY_COLUMNS))
+    return info, pd.DataFrame(history), sft_history
+
+
+def _active_run() -> tuple[str, str] | None:
+    run = mlflow.active_run()
+    return None if run is None else (mlflow.get_tracking_uri(), run.info.run_id)
+
+
+def _train_in_own_process(
+    tasks: list[Task],
+    config: TrainingConfig,
+    prompt: dict[str, Any] | None,
+    worker_pool_config: dict[str, Any],
+    worker_credentials: dict[str, Any],
+    start_adapter: str | None,
+    run: tuple[str, str] | None,
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
+    """:func:`_train` in the training stage's own process, logging into the parent's run."""
+    return _train(
+        tasks,
+        config,
+        prompt,
+        worker_pool_config,
+        worker_credentials,
+        start_adapter,
+        _metrics_logger(run),
+    )
+
+
+def _train(
+    tasks: list[Task],
+    config: TrainingConfig,
+    prompt: dict[str, Any] | None,
+    worker_pool_config: dict[str, Any],
+    worker_credentials: dict[str, Any],
+    start_adapter: str | None,
+    log_metrics: Callable[[dict[str, float], int], None],
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
+    """The training work: adapter info, GRPO history rows, SFT history rows."""
     try:
         # the configured pool; the sandbox server is started when the pool is the sandbox
         with open_worker_pool(worker_pool_config, worker_credentials, root=project_root()) as pool:
@@ -102,15 +181,14 @@ def train_conductor_node(
                 config,
                 prompt=prompt,
                 start_adapter=start_adapter,
-                log_metrics=log_metrics_to_mlflow,
+                log_metrics=log_metrics,
             )
     except WorkerConfigError as err:
         missing = missing_key_error(err)
         if missing is None:
             raise
         raise missing from err
-    info = result.to_dict()
-    log_metrics_to_mlflow(
+    log_metrics(
         {f"training/seconds_{k}": v for k, v in result.seconds.items()}
         | {"training/prompts": float(result.dataset["n_prompts"])},
         result.global_step,
@@ -121,8 +199,7 @@ def train_conductor_node(
         result.seconds.get("total", 0.0),
         result.adapter_dir,
     )
-    sft_history = pd.DataFrame(result.sft_history, columns=list(SFT_HISTORY_COLUMNS))
-    return info, pd.DataFrame(result.history), sft_history
+    return result.to_dict(), list(result.history), list(result.sft_history)
 
 
 def register_conductor(adapter_info: dict[str, Any]) -> dict[str, Any]:

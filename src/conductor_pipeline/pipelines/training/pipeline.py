@@ -7,19 +7,24 @@ from conductor_pipeline.pipelines.training.nodes import register_conductor, trai
 
 def create_pipeline(start_from: str | None = None, **kwargs) -> Pipeline:
     """``start_from``: a ``params:`` input naming the adapter to continue from (retraining
-    passes ``params:retraining.start_from``); without it training starts from the base model."""
-    inputs = [
-        "train_tasks",
-        "params:training",
-        "params:conductor.prompt",
-        "worker_pool_config",
-        "worker_credentials",
-    ]
+    passes ``params:retraining.start_from``); without it training starts from the base model.
+    ``params:stages.training.own_process``: whether the training work runs in a process of
+    its own (conf/gpu) or in this one (the sandbox)."""
+    inputs = {
+        "train_tasks": "train_tasks",
+        "params": "params:training",
+        "prompt": "params:conductor.prompt",
+        "worker_pool_config": "worker_pool_config",
+        "worker_credentials": "worker_credentials",
+        "own_process": "params:stages.training.own_process",
+    }
+    if start_from:
+        inputs["start_from"] = start_from
     return Pipeline(
         [
             Node(
                 train_conductor_node,
-                inputs + ([start_from] if start_from else []),
+                inputs,
                 ["conductor_adapter_info", "training_history", "sft_history"],
                 name="train_conductor",
             ),
