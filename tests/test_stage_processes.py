@@ -61,6 +61,14 @@ def _return_a_lock():
     return threading.Lock()
 
 
+def _return_but_never_exit() -> int:
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: blocks exit
+    return os.getpid()
+
+
 def _die() -> None:
     import signal
 
@@ -102,6 +110,16 @@ def test_a_result_that_cannot_travel_is_reported_as_such():
     with pytest.raises(TypeError, match="cannot pickle") as raised:
         run_in_own_process("training", _return_a_lock)
     assert "raised in the training stage's own process" in "\n".join(raised.value.__notes__)
+
+
+def test_a_stage_process_that_does_not_exit_after_its_result_is_stopped(monkeypatch, caplog):
+    from conductor_pipeline import stage_process
+
+    monkeypatch.setattr(stage_process, "_EXIT_GRACE_S", 1.0)
+    child = run_in_own_process("training", _return_but_never_exit)
+    assert child != os.getpid()
+    assert multiprocessing.active_children() == []  # stopped, not left holding memory
+    assert "had not exited 1 s after handing back its result" in caplog.text
 
 
 def test_a_stage_process_that_dies_says_so_and_that_its_files_are_kept():

@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# how long a child that outlives its stage (e.g. after Ctrl-C) gets before SIGKILL
+# how long a child may take to exit once its result is here, then to end on SIGTERM
+_EXIT_GRACE_S = 120.0
 _TERMINATE_GRACE_S = 30.0
 _CHAIN_DEPTH = 5
 
@@ -66,7 +67,16 @@ def run_in_own_process(stage: str, target: Callable[..., T], *args: Any) -> T:
         send.close()  # the child holds the only sending end: EOF when it dies
         logger.info("the %s stage runs in its own process (pid %d)", stage, process.pid)
         message = _wait_for_message(receive, process)
-        process.join()
+        process.join(_EXIT_GRACE_S)
+        if process.is_alive():
+            # a thread that never ends (an engine's) would keep its memory held: the result
+            # is here, so the process is stopped
+            logger.warning(
+                "the %s stage's process had not exited %.0f s after handing back its "
+                "result; stopping it",
+                stage,
+                _EXIT_GRACE_S,
+            )
     finally:
         _end(process)
         listener.stop()

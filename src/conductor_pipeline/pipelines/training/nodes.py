@@ -1,10 +1,10 @@
 """training nodes: thin wrappers around ``conductor_pipeline.training``.
 
-Only ``train_conductor`` takes parameters (``params:training`` and ``params:conductor.prompt``,
-the prompt shared with evaluation and serving), so kedro-mlflow logs them once; worker
-configurations never pass through ``params:``.
+Only ``train_conductor`` takes parameters (``params:training``, ``params:conductor.prompt``,
+the prompt shared with evaluation and serving, and ``params:stages.training.own_process``),
+so kedro-mlflow logs them once; worker configurations never pass through ``params:``.
 
-With ``stages.training.own_process`` (conf/gpu) the training work runs in a fresh child
+With ``stages.training.own_process`` (true in conf/gpu) the training work runs in a fresh child
 process that exits before the node returns (:mod:`conductor_pipeline.stage_process`), so
 the model, its optimizer state and a colocated vLLM engine have left the GPU before
 evaluation launches its own vLLM server.
