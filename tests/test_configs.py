@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conductor_pipeline.evaluation.config import EvaluationConfig
 from conductor_pipeline.pipelines.data_prep.nodes import validate_params
@@ -142,6 +143,11 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     # changed on purpose since the snapshot: gpu serves the rounds its promotion evaluated (0)
     before["conductor"]["max_rounds"] = 0
     before["training"]["lora"]["dropout"] = 0.0  # and trains without LoRA dropout, as the paper
+    # and prefills the opening of the Conductor's reply, as the paper (training continues it)
+    gpu_prompt = yaml.safe_load((REPO / "conf/gpu/parameters_conductor.yml").read_text())
+    prefill = gpu_prompt["conductor"]["prompt"]["assistant_prefill"]
+    assert prefill.strip()
+    before["conductor"].setdefault("prompt", {})["assistant_prefill"] = prefill
     # and trains on the paper's 960 (300 a domain, 0.8 of them in train), and evaluates RLPR
     # on its held-out test set instead of its train split
     before["data_prep"]["domain_quota"] = dict.fromkeys(before["data_prep"]["domain_quota"], 300)
@@ -165,10 +171,11 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
         ("training", "output_dir", "data/gpu/06_models/conductor"),
         ("retraining", "start_from", "models:/conductor-qwen@champion"),
         ("retraining", "lock", {"path": "data/gpu/retraining.lock"}),
+        ("serving", "capture", {"path": "data/gpu/01_raw/traffic"}),
         ("retraining", "logged_questions", {"paths": ["data/gpu/01_raw/logged_questions/*.jsonl"]}),
     ):
         if isinstance(value, dict):
-            before[section][key].update(value)
+            before[section].setdefault(key, {}).update(value)
         else:
             before[section][key] = value
     after = load_project_config("gpu", root=_copy_conf(tmp_path).parent).parameters

@@ -222,6 +222,13 @@ def _open_run(
 
 def _warm_start(run: _Run) -> WarmStart:
     """The SFT stage on the train tasks that made it into the prompt dataset."""
+    if run.prompt_config.assistant_prefill:
+        # the planner writes whole replies; a prefilled prompt would be answered twice over
+        raise ValueError(
+            "training.sft (the scripted warm start) cannot be combined with "
+            f"conductor.prompt.assistant_prefill ({run.prompt_config.assistant_prefill!r}): "
+            'set training.sft.enabled to false, or assistant_prefill to ""'
+        )
     usable = {r["id"] for r in run.rows}
     with run.timed("sft"):
         return sft_warm_start(

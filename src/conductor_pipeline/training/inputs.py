@@ -11,6 +11,7 @@ from typing import Any
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig, stable_hash
 from conductor_pipeline.training.rewards import task_columns
+from conductor_pipeline.workers.local_model import encode_chat
 from conductor_pipeline.workers.pricing import pool_token_prices
 from conductor_pipeline.workers.types import WorkerCaller
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
@@ -71,10 +72,21 @@ def interleave_domains(rows: Sequence[dict[str, Any]], *, seed: int) -> list[dic
 
 
 def _prompt_length(tokenizer: Any, messages: list[dict[str, str]]) -> int:
-    encoded = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=True
-    )
-    return len(encoded["input_ids"])
+    return len(encode_chat(tokenizer, messages)[0])
+
+
+def grpo_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[dict[str, str]] | str:
+    """The prompt column GRPO samples from: the conversation, or, when it ends in an
+    assistant prefill, the text that continues that turn.
+
+    TRL's trainer renders a conversational prompt with a new assistant turn after the last
+    message, so a prefill would be closed as a finished turn and the policy would answer
+    after it; evaluation and serving continue the prefill instead (``encode_chat``). A text
+    prompt is tokenized as it is, so training samples exactly what the policy is served.
+    """
+    if not messages or messages[-1]["role"] != "assistant":
+        return messages
+    return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
 
 
 def build_prompt_dataset(
@@ -106,7 +118,7 @@ def build_prompt_dataset(
         if _prompt_length(tokenizer, messages) > config.max_prompt_tokens:
             long_prompts += 1
             continue
-        rows.append({"prompt": messages, **task_columns(task)})
+        rows.append({"prompt": grpo_prompt(tokenizer, messages), **task_columns(task)})
     if config.grpo.balanced_domains:
         rows = interleave_domains(rows, seed=config.seed)
     report = {

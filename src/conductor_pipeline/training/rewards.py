@@ -311,7 +311,9 @@ class ConductorReward:
         **columns: Any,
     ) -> list[float | None]:
         started = time.perf_counter()
-        texts = [completion_text(c) for c in completions]
+        # the parser reads the whole reply: the prompt's prefill, then what was sampled
+        prefill = self.prompt_config.assistant_prefill
+        texts = [prefill + completion_text(c) for c in completions]
         tasks = [_task_from_columns(columns, i) for i in range(len(texts))]
         scores = await self.score_batch(texts, tasks)
         n_tokens = sum(len(ids) for ids in completion_ids) if completion_ids is not None else 0
@@ -343,7 +345,7 @@ def format_reward(
     for completion in completions:
         try:
             parse_workflow(
-                completion_text(completion),
+                prompt_config.assistant_prefill + completion_text(completion),
                 n_workers,
                 limits=limits,
                 positional_access=prompt_config.positional_access,
