@@ -221,10 +221,27 @@ def test_kedro_run_env_gpu_without_the_benchmarks_names_the_fix_without_a_traceb
     log = done.stdout + done.stderr
     assert done.returncode != 0
     assert "Traceback" not in log and 'File "' not in log, log[-3000:]
-    assert "Cannot run: data_prep.sources.math500: the dataset is not on this machine" in log
+    # the preflight finds it before the first node, with every other missing source
+    assert "Cannot run: the preflight checks found 4 problem(s) before the first step" in log
+    assert "data_prep.sources.math500: does not load" in log
     assert "Fix: download it into the Hugging Face cache" in log
-    assert "data_prep.sources.math500.data_files" in log
+    assert "or give it a local copy with data_files" in log
     assert len(log.splitlines()) < 150
+    # without the preflight, the node that loads it stops with the same fix, no traceback
+    done = subprocess.run(
+        [str(kedro), "run", "--env", "gpu", "--pipelines", "data_prep"]
+        + ["--params", "preflight.enabled=false"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "Traceback" not in log and 'File "' not in log, log[-3000:]
+    assert "Cannot run: data_prep.sources.math500: the dataset is not on this machine" in log
+    assert "data_prep.sources.math500.data_files" in log
 
 
 def test_setup_errors_are_found_through_wrapping_and_name_their_fix():
