@@ -44,6 +44,16 @@ def isolated_mlflow_store(tmp_path_factory, monkeypatch):
         mlflow.set_tracking_uri(f"sqlite:///{store}")  # undo the test's or kedro-mlflow's choice
 
 
+@pytest.fixture(autouse=True)
+def default_registered_model():
+    """An in-process `--env gpu` session makes its registered model the process's
+    (registry.use_registered_model); the next test starts from the default again."""
+    yield
+    from conductor_pipeline.registry import use_registered_model
+
+    use_registered_model(None)
+
+
 # -- a tiny random policy model, shared by the training and evaluation tests --------------
 
 

@@ -153,7 +153,7 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     before["data_prep"]["domain_quota"] = dict.fromkeys(before["data_prep"]["domain_quota"], 300)
     before["evaluation"]["benchmarks"]["rlpr"] = {
         "split": "test",
-        "data_files": "data/01_raw/rlpr/WebInstruct-verified-val_Avg2.parquet",
+        "data_files": "data/gpu/01_raw/rlpr/WebInstruct-verified-val_Avg2.parquet",
     }
     # and names where TRL's server mode finds its vLLM server, off evaluation's port
     before["training"]["grpo"]["vllm_server_base_url"] = "http://127.0.0.1:8100"

@@ -199,9 +199,10 @@ def test_an_unresolved_start_reference_trains_from_the_base_model(tmp_path, monk
     from conductor_pipeline.pipelines.training.nodes import _start_adapter
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert _start_adapter(None) is None
-    assert _start_adapter("models:/conductor@champion") is None  # no champion yet
+    base = "smollm2-135m-instruct"
+    assert _start_adapter(None, base) is None
+    assert _start_adapter("models:/conductor@champion", base) is None  # no champion yet
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        _start_adapter(str(tmp_path / "missing"))
+        _start_adapter(str(tmp_path / "missing"), base)
     (tmp_path / "adapter").mkdir()
-    assert _start_adapter(str(tmp_path / "adapter")) == str(tmp_path / "adapter")
+    assert _start_adapter(str(tmp_path / "adapter"), base) == str(tmp_path / "adapter")

@@ -677,7 +677,7 @@ def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts
         monkeypatch.setattr(lookup_decoding, "_MAX_HIDDEN", 0)
 
     def planning(question: str) -> list[dict[str, str]]:
-        return conductor_messages(question, ["a", "b", "c"], PromptConfig())
+        return conductor_messages(question, ["a", "b", "c"], PromptConfig(few_shot=[]))
 
     conversations = [
         planning("Compute the sum of 1234 and 4321."),

@@ -4,6 +4,7 @@ key found in no file, rotation, retention, the redaction hook, concurrent append
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -79,10 +80,14 @@ def files_text(folder: Path) -> str:
 
 
 def test_capture_is_off_in_every_shipped_profile():
-    for env in ("base", "gpu"):
+    for env, folder in (("base", "data"), ("gpu", "data/gpu")):
         settings = serving_settings(load_project_config(env, root=REPO).parameters["serving"])
         assert settings.capture.enabled is False
-        assert settings.capture == CaptureSettings()  # the documented defaults are the conf's
+        # the documented defaults are the conf's, in the profile's own data tree
+        assert settings.capture.path == f"{folder}/01_raw/traffic"
+        assert (
+            dataclasses.replace(settings.capture, path=CaptureSettings().path) == CaptureSettings()
+        )
 
 
 @pytest.mark.parametrize(

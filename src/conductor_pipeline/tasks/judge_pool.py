@@ -35,7 +35,8 @@ DEFAULT_TIME_LIMIT_S = 10.0
 # how long a new child may take to import its parsers before it is given up on
 _START_LIMIT_S = 120.0
 _HEADER = struct.Struct("!I")
-_MAX_CHILDREN = 4
+# a judgement takes milliseconds: a child per core is plenty, and each holds its parsers' memory
+_MAX_CHILDREN = max(1, min(4, os.cpu_count() or 1))
 _CHILD_COMMAND = "from conductor_pipeline.tasks.judge_pool import child_main; child_main()"
 
 
