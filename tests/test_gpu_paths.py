@@ -154,3 +154,19 @@ def test_conductor_promote_rolls_back_the_profiles_own_model(monkeypatch, capsys
     assert cli.cmd_promote(Namespace(rollback=True, env="gpu")) == 1
     assert asked == ["conductor-qwen"]
     assert "conductor-qwen has no champion" in capsys.readouterr().err
+
+
+def test_ask_sample_draws_from_the_profiles_own_split(tmp_path):
+    import pandas as pd
+
+    from conductor_pipeline.cli import _pick_sample_question
+    from conductor_pipeline.project import load_project_config
+
+    gpu = load_project_config("gpu", root=REPO)
+    assert gpu.data_dir == REPO / "data" / "gpu"  # what `conductor ask --env gpu --sample` reads
+    split = tmp_path / "data" / "gpu" / "05_model_input"
+    split.mkdir(parents=True)
+    pd.DataFrame({"question": ["a GPU-profile question"]}).to_parquet(split / "test_tasks.parquet")
+    assert _pick_sample_question(tmp_path / "data" / "gpu", 0) == "a GPU-profile question"
+    with pytest.raises(SystemExit, match="data/05_model_input"):
+        _pick_sample_question(tmp_path / "data", 0)

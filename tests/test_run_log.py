@@ -130,8 +130,10 @@ def test_the_noise_filter_drops_exactly_the_known_messages():
     assert noise.filter(record("Node collect_tasks failed with error"))
 
 
-def _write_outputs(root: Path, rows: list[dict], decision: dict | None) -> None:
-    reporting = root / "data" / "08_reporting"
+def _write_outputs(
+    root: Path, rows: list[dict], decision: dict | None, data_root: str = "data"
+) -> None:
+    reporting = root / data_root / "08_reporting"
     reporting.mkdir(parents=True)
     pd.DataFrame(rows).to_csv(reporting / "evaluation_summary.csv", index=False)
     if decision is not None:
@@ -190,6 +192,16 @@ def test_the_summary_says_when_the_conductor_leads_and_when_outputs_are_missing(
     assert "Champion: no promotion decision in this run" in text
     empty = run_summary(tmp_path / "nothing")
     assert "evaluation_summary.csv not written" in empty
+
+
+def test_the_summary_of_a_gpu_run_reads_the_gpu_profiles_tree_and_model(tmp_path):
+    decision = {"version": "2", "decision": "promoted", "champion": "2", "reasons": []}
+    _write_outputs(tmp_path, [_row("conductor", 0.6, 0.02)], decision, "data/gpu")
+    _write_outputs(tmp_path, [_row("conductor", 0.9, 0.001)], None)  # the sandbox's
+    text = run_summary(tmp_path, data_root="data/gpu", registered_model="conductor-qwen")
+    assert "conductor 0.600" in text and "conductor 0.900" not in text
+    assert "Champion: conductor-qwen version 2 (models:/conductor-qwen@champion)" in text
+    assert "Training report: data/gpu/08_reporting/training_report.html\n" in text
 
 
 # -- a missing prerequisite: one message naming the fix -----------------------------------------------

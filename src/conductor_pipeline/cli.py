@@ -57,12 +57,12 @@ def _print_event(kind: str, payload: Any) -> None:
         )
 
 
-def _pick_sample_question(root, seed: int) -> str:
+def _pick_sample_question(data_dir: Path, seed: int) -> str:
     import random
 
     import pandas as pd
 
-    path = root / "data" / "05_model_input" / "test_tasks.parquet"
+    path = data_dir / "05_model_input" / "test_tasks.parquet"
     if not path.is_file():
         raise SystemExit(f"--sample needs the prepared test split ({path}); run `make run` first.")
     questions = pd.read_parquet(path, columns=["question"])["question"].tolist()
@@ -118,7 +118,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     orchestration = orchestration_config(params)
     if args.max_rounds is not None:
         orchestration.max_rounds = args.max_rounds
-    question = _pick_sample_question(config.root, args.seed) if args.sample else args.question
+    # the profile's own split (--env gpu: data/gpu)
+    question = _pick_sample_question(config.data_dir, args.seed) if args.sample else args.question
     if not question:
         raise SystemExit("give a QUESTION or --sample")
     policy_params = dict(params.get("policy") or {})

@@ -12,16 +12,18 @@ from kedro.framework.hooks import hook_impl
 
 from conductor_pipeline.distributed import is_main_process
 from conductor_pipeline.paths import project_root
+from conductor_pipeline.project import load_project_config
 
 __all__ = ["MLFLOW_UI_COMMAND", "RunSummaryHooks", "SUMMARY_FILES", "run_summary"]
 
 logger = logging.getLogger(__name__)
 
+# inside the profile's data tree (``data``, ``data/gpu``: conf/<env>/globals.yml)
 SUMMARY_FILES = {
-    "evaluation_summary": "data/08_reporting/evaluation_summary.csv",
-    "promotion_decision": "data/08_reporting/promotion_decision.json",
-    "training_report": "data/08_reporting/training_report.html",
-    "evaluation_report": "data/08_reporting/evaluation_report.html",
+    "evaluation_summary": "08_reporting/evaluation_summary.csv",
+    "promotion_decision": "08_reporting/promotion_decision.json",
+    "training_report": "08_reporting/training_report.html",
+    "evaluation_report": "08_reporting/evaluation_report.html",
 }
 MLFLOW_UI_COMMAND = (
     ".venv/bin/mlflow ui --backend-store-uri sqlite:///$PWD/mlruns/mlflow.db --port 5000"
@@ -62,12 +64,12 @@ def _headline(summary_csv: Path) -> str:
     )
 
 
-def _champion(decision_json: Path) -> str:
+def _champion(decision_json: Path, model: str) -> str:
     decision = json.loads(decision_json.read_text())
     champion = decision.get("champion")
     reasons = "; ".join(decision.get("reasons") or [])
     head = (
-        f"Champion: conductor version {champion} (models:/conductor@champion)"
+        f"Champion: {model} version {champion} (models:/{model}@champion)"
         if champion
         else "Champion: none"
     )
@@ -77,23 +79,25 @@ def _champion(decision_json: Path) -> str:
     )
 
 
-def run_summary(root: Path) -> str:
+def run_summary(root: Path, *, data_root: str = "data", registered_model: str = "conductor") -> str:
     """What a person needs at the end of ``kedro run``: the evaluation headline (the
     Conductor against the best baseline), the champion, the two reports and how to open
-    MLflow. Files that a partial run did not write are named as missing."""
-    files = {k: root / v for k, v in SUMMARY_FILES.items()}
+    MLflow, from the profile's data tree and registered model. Files that a partial run did
+    not write are named as missing."""
+    shown = {k: f"{data_root}/{v}" for k, v in SUMMARY_FILES.items()}
+    files = {k: root / v for k, v in shown.items()}
     lines = ["", "Run summary"]
     if files["evaluation_summary"].is_file():
         lines.append("  " + _headline(files["evaluation_summary"]))
     else:
-        lines.append(f"  Evaluation: {SUMMARY_FILES['evaluation_summary']} not written")
+        lines.append(f"  Evaluation: {shown['evaluation_summary']} not written")
     if files["promotion_decision"].is_file():
-        lines.append("  " + _champion(files["promotion_decision"]))
+        lines.append("  " + _champion(files["promotion_decision"], registered_model))
     else:
         lines.append("  Champion: no promotion decision in this run")
     for key in ("training_report", "evaluation_report"):
         state = "" if files[key].is_file() else " (not written by this run)"
-        lines.append(f"  {key.replace('_', ' ').capitalize()}: {SUMMARY_FILES[key]}{state}")
+        lines.append(f"  {key.replace('_', ' ').capitalize()}: {shown[key]}{state}")
     lines.append(f"  MLflow UI: {MLFLOW_UI_COMMAND}  (then http://127.0.0.1:5000)")
     return "\n".join(lines)
 
@@ -108,7 +112,11 @@ class RunSummaryHooks:
         if not is_main_process() or "evaluation_summary" not in pipeline.all_outputs():
             return
         try:
-            text = run_summary(project_root())
+            root = project_root()
+            profile = load_project_config(run_params.get("env"), root)
+            text = run_summary(
+                root, data_root=profile.data_root, registered_model=profile.registered_model
+            )
         except Exception as exc:  # a summary must never fail a finished run
             logger.warning("run summary unavailable: %s", exc)
             return
