@@ -31,6 +31,8 @@ Endpoints (:func:`create_app`):
   say whether capture is on, where, and its retention (``capture``).
 * ``GET /health`` — liveness: 200 once the policy is loaded, 503 while it loads or if loading
   failed. ``GET /ready`` — readiness: the policy is loaded and every worker endpoint answers.
+* ``GET /openapi.json`` — the OpenAPI schema, authorized like the chat endpoint (a key, when
+  one is configured, guards it too); the interactive ``/docs`` and ``/redoc`` are not served.
 
 Streaming (``stream: true``) is Server-Sent Events in OpenAI's chunk format. The first chunk
 carries ``delta.role``; progress chunks have an empty ``delta`` and an extra top-level
@@ -72,7 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from conductor_pipeline.paths import project_root
 from conductor_pipeline.serving import handlers
@@ -247,7 +249,11 @@ def create_app(service: ConductorService) -> FastAPI:
             if not loading.done():
                 loading.cancel()
 
-    app = FastAPI(title="Conductor API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # the interactive docs are off; the schema is served by a route of our own so that it
+    # sits behind the same bearer key as the API (FastAPI's own /openapi.json is open)
+    app = FastAPI(
+        title="Conductor API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.add_middleware(RequestLog)
     app.state.conductor = state
     app.state.service, app.state.gate = service, state.gate
@@ -260,4 +266,10 @@ def create_app(service: ConductorService) -> FastAPI:
         "/v1/chat/completions", handlers.chat_completions, methods=["POST"], response_model=None
     )
     app.add_api_route("/v1/feedback", handlers.feedback, methods=["POST"], response_model=None)
+
+    async def openapi_schema(request: Request) -> SafeJSONResponse:
+        handlers.authorize(state, request)
+        return SafeJSONResponse(app.openapi())
+
+    app.add_api_route("/openapi.json", openapi_schema, methods=["GET"], include_in_schema=False)
     return app
