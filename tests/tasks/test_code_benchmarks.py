@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conductor_pipeline.tasks.code_sandbox import run_call_tests, same_json_value
 from conductor_pipeline.tasks.sources import load_livecodebench
 from conductor_pipeline.tasks.sources.benchmarks import load_bigcodebench
 from conductor_pipeline.tasks.verifiers import verify
@@ -86,3 +87,55 @@ def test_livecodebench_functional_problem_is_judged() -> None:
     verdict = verify(task, _fenced(wrong))
     assert not verdict.correct and verdict.score == pytest.approx(2 / 3), verdict
     assert "expected '-4', got '-1'" in verdict.reason
+
+
+def test_livecodebench_call_mode_tells_booleans_from_numbers() -> None:
+    # Python's True == 1 let a function returning True answer an expected 1 (issue 28);
+    # a JSON judge tells true from 1. Numbers still compare by value: 2.0 answers 2.
+    def returning(value: str) -> str:
+        return f"class Solution:\n    def f(self, x):\n        return {value}\n"
+
+    expect_one = [{"input": "0", "output": "1"}]
+    verdict = run_call_tests(returning("True"), expect_one, "f")
+    assert verdict.passed == 0, verdict
+    assert verdict.first_failure == "case 0: wrong answer: expected '1', got 'true'"
+    assert run_call_tests(returning("1"), expect_one, "f").all_passed
+    assert run_call_tests(returning("1.0"), expect_one, "f").all_passed
+    expect_true = [{"input": "0", "output": "true"}]
+    assert run_call_tests(returning("1"), expect_true, "f").passed == 0
+    assert run_call_tests(returning("True"), expect_true, "f").all_passed
+    nested = [{"input": "0", "output": '{"a": [1, 0]}'}]
+    assert run_call_tests(returning("{'a': [True, False]}"), nested, "f").passed == 0
+    assert run_call_tests(returning("{'a': (1, 0)}"), nested, "f").all_passed
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "same"),
+    [
+        (1, 1, True),
+        (2.0, 2, True),
+        (True, True, True),
+        (True, 1, False),
+        (0, False, False),
+        ([1, [True]], [1, [1]], False),
+        ({"k": False}, {"k": 0}, False),
+        ({"k": [1, 2]}, {"k": [1, 2]}, True),
+        ([1, 2], [1, 2, 3], False),
+        ({"a": 1}, {"b": 1}, False),
+        ([1], {"0": 1}, False),
+        (None, None, True),
+        (None, 0, False),
+        ("1", 1, False),
+    ],
+)
+def test_same_json_value(actual, expected, same) -> None:
+    assert same_json_value(actual, expected) is same
+    assert same_json_value(expected, actual) is same
+
+
+def test_same_json_value_survives_deep_nesting() -> None:
+    deep_left: list = []
+    deep_right: list = []
+    for _ in range(100_000):
+        deep_left, deep_right = [deep_left], [deep_right]
+    assert same_json_value(deep_left, deep_right)

@@ -74,6 +74,7 @@ __all__ = [
     "run_function_tests",
     "run_python",
     "run_stdio_tests",
+    "same_json_value",
 ]
 
 
@@ -284,7 +285,9 @@ def run_call_tests(
     The child only sees the inputs: it reports the return value as JSON (a tuple counts as
     a list, as LiveCodeBench does) and the comparison with the expected value happens here,
     so neither a peek at the expected outputs nor an object that claims to equal anything
-    can pass a case.
+    can pass a case. The comparison is :func:`same_json_value`: ``True`` does not answer an
+    expected ``1`` (nor ``1`` an expected ``true``), unlike the ``==`` of LiveCodeBench's own
+    checker, because a JSON judge such as LeetCode's tells them apart.
     """
     limits = limits or SandboxLimits()
     if not cases or not func_name:
@@ -317,7 +320,7 @@ def run_call_tests(
                 failure = f"case {i}: {report['error']}"
             elif not result.ok:
                 failure = f"case {i}: {result.reason}"
-            elif report.get("value") != expected:
+            elif not same_json_value(report.get("value"), expected):
                 failure = (
                     f"case {i}: wrong answer: expected {_preview(json.dumps(expected))}, "
                     f"got {_preview(json.dumps(report.get('value')))}"
@@ -331,6 +334,35 @@ def run_call_tests(
     return TestReport(
         passed=passed, total=len(cases), first_failure=first_failure, runs=tuple(runs)
     )
+
+
+def same_json_value(actual: Any, expected: Any) -> bool:
+    """Whether two decoded JSON values are the same answer: Python's ``==``, except that a
+    boolean equals only a boolean (``True == 1`` in Python, but ``true`` and ``1`` are
+    different JSON values). Numbers still compare by value (``2.0`` answers ``2``), as
+    LiveCodeBench's checker does. Iterative: a deeply nested reply cannot exhaust the stack.
+    """
+    pending = [(actual, expected)]
+    while pending:
+        left, right = pending.pop()
+        if isinstance(left, bool) or isinstance(right, bool):
+            if not (isinstance(left, bool) and isinstance(right, bool) and left == right):
+                return False
+        elif isinstance(left, list) or isinstance(right, list):
+            if not (isinstance(left, list) and isinstance(right, list)):
+                return False
+            if len(left) != len(right):
+                return False
+            pending.extend(zip(left, right, strict=True))
+        elif isinstance(left, dict) or isinstance(right, dict):
+            if not (isinstance(left, dict) and isinstance(right, dict)):
+                return False
+            if left.keys() != right.keys():
+                return False
+            pending.extend((left[key], right[key]) for key in right)
+        elif left != right:
+            return False
+    return True
 
 
 def compare_stdout(actual: str, expected: str) -> bool:
