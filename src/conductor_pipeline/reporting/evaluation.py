@@ -1,5 +1,6 @@
 """The evaluation report's content: the summary table with confidence intervals, the
-cost–accuracy plot, per-domain heat maps of accuracy and of the Conductor's worker choice,
+cost–accuracy plot, a warning under the summary for benchmarks whose verdicts the code
+under test could forge (BigCodeBench), per-domain heat maps of accuracy and of the Conductor's worker choice,
 how the Conductor and its warm start plan per domain and difficulty, access-pattern shares, sample workflows that succeeded and failed, the promotion
 decision against the previous champion, and the best baseline to beat (the opening
 paragraph built on it is in :mod:`.headlines`).
@@ -164,6 +165,31 @@ def heatmap_figure(matrix: pd.DataFrame, *, title: str, value_label: str, percen
     ax.set_title(title, fontsize=10)
     figure.tight_layout()
     return figure
+
+
+# Benchmarks whose verdicts the code under test could forge, and why: a report prints this
+# next to their figures (``code_sandbox``/``sandbox_harness`` explain the harness)
+FORGEABLE_SOURCES = {
+    "bigcodebench": (
+        "BigCodeBench's figures: its unittest tests run inside the candidate's own process "
+        "(they patch its modules and inspect its objects), so code written to attack the test "
+        "harness can forge a pass. They are evaluation figures only; BigCodeBench is never a "
+        "training reward."
+    ),
+}
+
+
+def forgeable_verdicts_notes(
+    results: pd.DataFrame | None, by_domain: pd.DataFrame | None = None
+) -> list[str]:
+    """One note per evaluated benchmark in :data:`FORGEABLE_SOURCES` (by the results'
+    ``source`` column, or a per-source table's ``domain`` column); empty when none was."""
+    present: set[str] = set()
+    if results is not None and "source" in results.columns:
+        present |= {str(s) for s in results["source"].dropna().unique()}
+    if by_domain is not None and "domain" in by_domain.columns:
+        present |= {str(s) for s in by_domain["domain"].dropna().unique()}
+    return [text for source, text in FORGEABLE_SOURCES.items() if source in present]
 
 
 def domain_accuracy(by_domain: pd.DataFrame) -> pd.DataFrame:
