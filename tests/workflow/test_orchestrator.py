@@ -136,6 +136,35 @@ async def test_recursion_with_new_workflow_replaces_the_answer_within_the_remain
     assert result.answer == "w0:3"
 
 
+async def test_no_recursion_round_starts_once_the_budget_is_spent():
+    # round 0 spends the whole step budget: before the fix the Conductor was still asked for
+    # a revision and the response's stopped_by stayed empty
+    pool = EchoPool()
+    policy = ScriptedPolicy(GOOD, lists([0], ["redo"], [[]]))
+    config = OrchestrationConfig(max_rounds=2, budget=Budget(max_steps=2))
+    result = await orchestrate("q", policy, pool, WORKERS, config=config)
+    assert pool.calls == 2 and len(policy.calls) == 1
+    assert result.rounds[0].execution.stopped_by is None
+    assert result.rounds[1].execution is None and result.rounds[1].kept_previous
+    assert "budget spent (max_steps)" in result.rounds[1].note
+    assert result.stopped_by == "max_steps" and result.to_dict()["stopped_by"] == "max_steps"
+    assert result.answer == "w1:2"
+
+
+async def test_a_token_budget_spent_in_round_0_stops_the_recursion():
+    pool = EchoPool()  # 10 tokens a call, whatever the prompt
+    policy = ScriptedPolicy(GOOD, lists([0], ["redo"], [[]]))
+    config = OrchestrationConfig(max_rounds=1, budget=Budget(max_tokens=10_000))
+    spent = OrchestrationConfig(max_rounds=1, budget=Budget(max_tokens=20))
+    result = await orchestrate("q", policy, EchoPool(), WORKERS, config=config)
+    assert result.stopped_by is None and len(result.rounds) == 2
+    # at 20 tokens neither step fits its prompt estimate: round 0 skips them, round 1 never starts
+    result = await orchestrate("q", ScriptedPolicy(GOOD), pool, WORKERS, config=spent)
+    assert pool.calls == 0 and result.stopped_by == "max_tokens"
+    assert result.rounds[0].execution.stopped_by == "max_tokens"
+    assert result.rounds[1].execution is None and "budget spent" in result.rounds[1].note
+
+
 async def test_empty_workflow_is_refused_in_the_first_round():
     config = OrchestrationConfig(max_parse_attempts=1)
     result = await orchestrate(

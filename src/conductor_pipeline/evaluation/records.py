@@ -137,6 +137,7 @@ def orchestration_from_record(record: dict[str, Any]) -> OrchestrationResult:
         format_failure=bool(record.get("format_failure")),
         latency_s=float(record.get("latency_s") or 0.0),
         worker_names=names,
+        stopped_by=record.get("stopped_by"),
     )
 
 

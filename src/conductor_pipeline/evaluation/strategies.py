@@ -329,10 +329,16 @@ class SimulatedCaller:
         }
 
     async def __call__(
-        self, worker: int, messages: list[dict[str, str]], sample_index: int = 0
+        self,
+        worker: int,
+        messages: list[dict[str, str]],
+        sample_index: int = 0,
+        *,
+        max_tokens: int | None = None,
     ) -> WorkerReply:
         sim = self.workers[worker]
-        reply = sim.respond(messages, seed=sample_index, temperature=1.0)
+        # a budget's cap, as the server honours a request's max_tokens
+        reply = sim.respond(messages, seed=sample_index, temperature=1.0, max_tokens=max_tokens)
         profile = sim.profile
         cost = (
             reply.prompt_tokens * profile.input_cost_per_token

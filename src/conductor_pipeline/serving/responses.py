@@ -27,7 +27,6 @@ def conductor_record(
     """The ``conductor`` field of a response: what ran, what it cost, which model wrote it,
     and (``question_check``, a ``QuestionCheck``) whether the sandbox knew the question."""
     record = result.to_dict()
-    executions = [r.execution for r in result.rounds if r.execution is not None]
     steps = record["workflow"]
     return {
         "request_id": request_id,
@@ -41,7 +40,8 @@ def conductor_record(
         "infra_failures": record["infra_failures"],
         "latency_s": record["latency_s"],
         "format_failure": record["format_failure"],
-        "stopped_by": next((e.stopped_by for e in executions if e.stopped_by), None),
+        # a step skipped, a limit used up, or a recursion round not started for lack of budget
+        "stopped_by": result.stopped_by,
         "rounds": [
             {
                 "round": r["round"],

@@ -62,8 +62,16 @@ class WorkerCaller(Protocol):
 
     ``worker`` is the worker's position in the pool (the number the Conductor sees);
     ``sample_index`` distinguishes repeated samples of the same request in the cache.
+    ``overrides`` are completion options for this call; the executor sends ``max_tokens``
+    (at most the worker's own cap) when a token or dollar budget limits the call, and
+    nothing otherwise. A caller honours ``max_tokens`` as the most completion tokens to
+    generate.
     """
 
     async def __call__(
-        self, worker: int, messages: list[dict[str, str]], sample_index: int = 0
+        self,
+        worker: int,
+        messages: list[dict[str, str]],
+        sample_index: int = 0,
+        **overrides: Any,
     ) -> WorkerReply: ...

@@ -3,12 +3,18 @@
 Each step is an asyncio task that waits only for the steps in its access list, so steps
 that do not see each other run at the same time (the paper runs every step in sequence).
 
-Budgets are checked just before a step calls its worker, against what has already been
-spent: ``max_steps`` counts calls already started, ``max_tokens`` and ``max_cost_usd`` sum
-the usage of calls already finished. A call in progress is never interrupted, so a run can
-end slightly above a token or cost limit, but no call starts once a limit is reached. A
-step refused by a budget is recorded as skipped with that budget's name, and so is every
-step that depends on a skipped step.
+Budgets bind inside a step (:mod:`.budget`). Before a step calls its worker, what finished
+calls spent and what calls in flight may still spend (each reserves its prompt estimate plus
+its completion cap until it finishes) are counted against the limits: ``max_steps`` counts
+calls already started; with ``max_tokens`` (and ``max_cost_usd`` for workers whose prices
+are known) the call is sent ``max_tokens`` = what the budget has left after the prompt
+estimate, when that is below the worker's own cap. A step that would be cut short waits
+while another call is in flight (its reservation may come back); with nothing in flight and
+nothing left it is skipped with that budget's name, and so is every step that depends on a
+skipped step. Dollars at unknown prices are checked between calls only. A provider that
+counts more tokens than estimated can leave a run slightly over a limit; its reply is
+recorded as it came. ``stopped_by`` names the budget that skipped a step, was used up, or
+cut a reply short at its cap.
 
 Worker failures (``reply.failure`` set, or an exception from the caller, recorded as
 ``provider_error``) are infrastructure failures, not wrong answers: they are recorded, and
@@ -28,33 +34,28 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conductor_pipeline.workers.types import FailureKind, WorkerCaller, WorkerReply
+from conductor_pipeline.workflow.budget import (
+    Budget,
+    BudgetLedger,
+    CallPlan,
+    WorkerLimits,
+    caller_limits,
+)
 from conductor_pipeline.workflow.prompts import PriorStep, PromptConfig, worker_messages
 from conductor_pipeline.workflow.types import Workflow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Budget", "ExecutionResult", "StepRecord", "execute_workflow", "prior_steps"]
+__all__ = [
+    "Budget",
+    "ExecutionResult",
+    "StepRecord",
+    "WorkerLimits",
+    "execute_workflow",
+    "prior_steps",
+]
 
 BUDGET_NAMES = ("max_steps", "max_tokens", "max_cost_usd")
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Hard per-request limits; ``None`` means unlimited."""
-
-    max_steps: int | None = None
-    max_tokens: int | None = None
-    max_cost_usd: float | None = None
-
-    def refusal(self, calls_started: int, tokens: int, cost_usd: float) -> str | None:
-        """The name of the first limit already reached, or ``None`` if a call may start."""
-        if self.max_steps is not None and calls_started >= self.max_steps:
-            return "max_steps"
-        if self.max_tokens is not None and tokens >= self.max_tokens:
-            return "max_tokens"
-        if self.max_cost_usd is not None and cost_usd >= self.max_cost_usd:
-            return "max_cost_usd"
-        return None
 
 
 @dataclass
@@ -63,7 +64,8 @@ class StepRecord:
 
     Exactly one outcome holds: ``response`` set (success), ``failure`` set (infrastructure
     failure, with ``error``), or ``skipped_reason`` set (the step never ran; the name of
-    the budget that stopped it).
+    the budget that stopped it). ``completion_cap`` is the ``max_tokens`` a budget set on
+    the call (``None``: the worker's own).
     """
 
     index: int
@@ -80,6 +82,7 @@ class StepRecord:
     failure: str | None = None
     error: str | None = None
     skipped_reason: str | None = None
+    completion_cap: int | None = None
     started_at: float | None = None
     finished_at: float | None = None
 
@@ -109,7 +112,8 @@ class ExecutionResult:
     ``answer`` is the last step's response; if that step failed, was skipped or replied
     with blank text, it is the last non-empty successful response before it
     (``answer_step`` says which step; ``None`` and ``""`` when there is none).
-    ``stopped_by`` names the budget that refused a step, if any. ``latency_s`` is the
+    ``stopped_by`` names the budget that refused a step, was used up or cut a reply short,
+    if any. ``latency_s`` is the
     wall-clock time of the whole run; ``calls`` counts worker calls made (including failed
     ones); ``infra_failures`` counts failed calls.
     """
@@ -159,9 +163,8 @@ class _Run:
         "records",
         "responses",
         "skipped",
-        "calls_started",
-        "tokens_spent",
-        "cost_spent",
+        "ledger",
+        "released",
         "stopped_by",
         "on_event",
         "previous_round",
@@ -178,6 +181,7 @@ class _Run:
         sample_index: int,
         on_event: EventCallback | None = None,
         previous_round: Sequence[PriorStep] = (),
+        worker_limits: Sequence[WorkerLimits] | None = None,
     ) -> None:
         self.on_event = on_event
         self.previous_round = tuple(previous_round)
@@ -192,9 +196,10 @@ class _Run:
         self.records: list[StepRecord] = []
         self.responses: dict[int, str] = {}
         self.skipped: set[int] = set()
-        self.calls_started = 0
-        self.tokens_spent = 0
-        self.cost_spent = 0.0
+        self.ledger = BudgetLedger(budget, worker_limits)
+        # set (and replaced) whenever a call finishes: steps waiting for a reservation to
+        # come back wait on it
+        self.released = asyncio.Event()
         self.stopped_by: str | None = None
 
     def emit(self, kind: str, record: StepRecord) -> None:
@@ -222,36 +227,63 @@ class _Run:
             self.skipped.add(i)
             self.emit("step_skipped", record)
             return
-        if self.budget is not None:
-            reason = self.budget.refusal(self.calls_started, self.tokens_spent, self.cost_spent)
-            if reason is not None:
-                record.skipped_reason = reason
-                self.skipped.add(i)
-                if self.stopped_by is None:
-                    self.stopped_by = reason
-                self.emit("step_skipped", record)
-                return
-        self.calls_started += 1
         messages = worker_messages(
             self.question, self.workflow, i, self.responses, self.config, self.previous_round
         )
+        plan = await self._admit(step.worker, messages)
+        if plan.refusal is not None:
+            record.skipped_reason = plan.refusal
+            self.skipped.add(i)
+            if self.stopped_by is None:
+                self.stopped_by = plan.refusal
+            self.emit("step_skipped", record)
+            return
+        ledger = self.ledger
+        ledger.start(plan)
+        record.completion_cap = plan.max_tokens
         start = time.perf_counter()
         record.started_at = start - self.t0
         self.emit("step_started", record)
+        reply: Any = None
         try:
-            reply = await self.call_worker(step.worker, messages, self.sample_index)
-        except Exception as exc:  # a broken caller must not crash the run
-            reply = WorkerReply(
-                worker=record.worker_name or str(step.worker),
-                text=None,
-                failure=FailureKind.PROVIDER_ERROR,
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            reply = await self._call(step.worker, messages, plan, record)
+        finally:
+            # the reservation goes back even when the run is cancelled mid-call
+            usage = reply.usage if isinstance(reply, WorkerReply) else None
+            prompt_tokens = int(usage.prompt_tokens or 0) if usage else 0
+            completion_tokens = int(usage.completion_tokens or 0) if usage else 0
+            cost = float(usage.cost_usd or 0.0) if usage else 0.0
+            ledger.finish(plan, prompt_tokens + completion_tokens, cost, completion_tokens)
+            self.released.set()
+            self.released = asyncio.Event()
         end = time.perf_counter()
         record.finished_at = end - self.t0
         record.latency_s = end - start
         self._record_reply(i, record, reply)
         self.emit("step_finished", record)
+
+    async def _admit(self, worker: int, messages: list[dict[str, str]]) -> CallPlan:
+        """The budget's plan for this call, once it no longer has to wait for calls in flight."""
+        while True:
+            plan = self.ledger.plan(worker, messages)
+            if not plan.wait:
+                return plan
+            await self.released.wait()
+
+    async def _call(
+        self, worker: int, messages: list[dict[str, str]], plan: CallPlan, record: StepRecord
+    ) -> Any:
+        # a cap only when a budget sets one, so callers without budgets are called as before
+        overrides = {} if plan.max_tokens is None else {"max_tokens": plan.max_tokens}
+        try:
+            return await self.call_worker(worker, messages, self.sample_index, **overrides)
+        except Exception as exc:  # a broken caller must not crash the run
+            return WorkerReply(
+                worker=record.worker_name or str(worker),
+                text=None,
+                failure=FailureKind.PROVIDER_ERROR,
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     def _record_reply(self, i: int, record: StepRecord, reply: Any) -> None:
         if not isinstance(reply, WorkerReply):
@@ -265,8 +297,6 @@ class _Run:
         record.cache_hit = bool(usage.cache_hit)
         if record.worker_name is None and reply.worker:
             record.worker_name = reply.worker
-        self.tokens_spent += record.prompt_tokens + record.completion_tokens
-        self.cost_spent += record.cost_usd
         if reply.failure is not None:
             record.failure = str(
                 reply.failure.value if hasattr(reply.failure, "value") else reply.failure
@@ -291,6 +321,7 @@ async def execute_workflow(
     sample_index: int = 0,
     on_event: EventCallback | None = None,
     previous_round: Sequence[PriorStep] = (),
+    worker_limits: Sequence[WorkerLimits] | None = None,
 ) -> ExecutionResult:
     """Execute ``workflow`` for ``question`` and collect per-step records and totals.
 
@@ -301,9 +332,20 @@ async def execute_workflow(
     ``"step_finished"`` or ``"step_skipped"`` and the step's record (progress output, streaming).
 
     ``call_worker`` is awaited once per step that runs, with the worker's pool position,
-    the messages from :func:`worker_messages` and ``sample_index``. Never raises for
-    worker problems; cancelling the caller's task cancels the steps in flight.
+    the messages from :func:`worker_messages` and ``sample_index``, and ``max_tokens=``
+    when a token or dollar budget caps the call. Never raises for worker problems;
+    cancelling the caller's task cancels the steps in flight.
+
+    ``worker_limits`` (each worker's own ``max_tokens`` and prices) default to what the
+    pool behind ``call_worker`` configures (:func:`~.budget.caller_limits`), read only when
+    the budget limits tokens or dollars.
     """
+    if (
+        worker_limits is None
+        and budget is not None
+        and (budget.max_tokens is not None or budget.max_cost_usd is not None)
+    ):
+        worker_limits = caller_limits(call_worker, with_prices=budget.max_cost_usd is not None)
     run = _Run(
         workflow,
         question,
@@ -314,6 +356,7 @@ async def execute_workflow(
         sample_index,
         on_event,
         previous_round,
+        worker_limits,
     )
     steps = workflow.steps
     run.records = [
@@ -366,7 +409,7 @@ def _result(run: _Run, wall: float) -> ExecutionResult:
         answer=answer,
         answer_step=answer_step,
         steps=records,
-        stopped_by=run.stopped_by,
+        stopped_by=run.stopped_by or run.ledger.exhausted(),
         tokens=prompt + completion,
         prompt_tokens=prompt,
         completion_tokens=completion,

@@ -78,6 +78,8 @@ class OrchestrationResult:
     format_failure: bool
     latency_s: float
     worker_names: list[str] = field(default_factory=list)
+    # the budget that skipped a step, was used up, or kept a recursion round from starting
+    stopped_by: str | None = None
 
     @property
     def final_round(self) -> RoundRecord | None:
@@ -122,6 +124,7 @@ class OrchestrationResult:
             "infra_failures": self.infra_failures,
             "latency_s": self.latency_s,
             "format_failure": self.format_failure,
+            "stopped_by": self.stopped_by,
             "rounds": [
                 {
                     "round": r.round,
@@ -267,7 +270,24 @@ async def orchestrate(
     answer = execution.answer or ""
     previous_text = calls[-1].text
 
+    stopped_by = execution.stopped_by
     for round_index in range(1, config.max_rounds + 1):
+        budget = _remaining(config.budget, [r.execution for r in rounds if r.execution])
+        # a limit used up, or one that already stopped a step: no room for a revision's steps,
+        # so the Conductor is not asked for one
+        spent = budget.refusal(0, 0, 0.0) or stopped_by
+        if spent is not None:
+            rounds.append(
+                RoundRecord(
+                    round_index,
+                    None,
+                    None,
+                    kept_previous=True,
+                    note=f"budget spent ({spent}); previous answer kept",
+                )
+            )
+            stopped_by = stopped_by or spent
+            break
         messages = recursion_messages(
             question, worker_descriptions, previous_text, answer, config.prompt
         )
@@ -296,7 +316,6 @@ async def orchestrate(
                 )
             )
             break
-        budget = _remaining(config.budget, [r.execution for r in rounds if r.execution])
         # "all" steps of this round also see the round before (the paper's recursion)
         before = next(r.execution for r in reversed(rounds) if r.execution is not None)
         execution = await execute_workflow(
@@ -310,6 +329,7 @@ async def orchestrate(
             previous_round=prior_steps(before),
         )
         rounds.append(RoundRecord(round_index, revised, execution))
+        stopped_by = stopped_by or execution.stopped_by
         if execution.answer:
             answer = execution.answer
         previous_text = calls[-1].text
@@ -322,4 +342,5 @@ async def orchestrate(
         False,
         time.perf_counter() - start,
         list(worker_names or []),
+        stopped_by,
     )
