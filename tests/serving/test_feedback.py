@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 
-from conductor_pipeline.serving.capture import CaptureSettings, CaptureStore, capture_record
+from conductor_pipeline.serving.capture import (
+    CaptureSettings,
+    CaptureStore,
+    FeedbackSettings,
+    capture_record,
+)
 from conductor_pipeline.serving.errors import ApiError
 from conductor_pipeline.serving.feedback import FeedbackStore, open_stores, parse_feedback
 from conductor_pipeline.tasks.sources.traffic import read_records
@@ -126,13 +131,15 @@ def test_the_same_body_twice_is_idempotent_and_a_different_one_a_409(tmp_path):
     assert record["reference_answer"] == "42" and record["verifier"] == "numeric"
 
 
-def test_with_capture_off_feedback_is_kept_but_marked_unjoinable(tmp_path):
+def test_with_capture_off_feedback_is_refused_and_nothing_is_written(tmp_path):
+    """Before, any id was kept ``"joinable": false``: disk anyone could fill."""
     off = CaptureStore(CaptureSettings(path="capture"), tmp_path)
     feedback = FeedbackStore(off)
-    status, reply = feedback.submit(parse_feedback({"request_id": "anything", "score": 1}))
-    assert status == 200 and reply["joinable"] is False and "capture is off" in reply["note"]
-    assert [r["request_id"] for r in feedback.records()] == ["anything"]
-    assert not list((tmp_path / "capture").glob("requests*"))  # still no question on disk
+    with pytest.raises(ApiError) as err:
+        feedback.submit(parse_feedback({"request_id": "anything", "score": 1}))
+    assert err.value.status == 404 and err.value.code == "capture_off"
+    assert "serving.capture.enabled" in str(err.value)
+    assert not (tmp_path / "capture").exists() and feedback.records() == []
 
 
 def test_two_stores_on_one_folder_see_each_others_feedback(tmp_path):
@@ -213,3 +220,81 @@ def test_open_stores_puts_feedback_next_to_the_capture(tmp_path):
     )
     assert feedback.path == tmp_path / "traffic" / "feedback.jsonl" and capture.enabled
     assert capture.secrets == ["sk-0123456789"]
+
+
+# ------------------------------------------------------------------------------ bounds
+
+
+def _comment_body(request_id: str) -> dict[str, Any]:
+    return {"request_id": request_id, "verdict": "wrong", "comment": "x" * 1500}
+
+
+def test_feedback_rotates_past_its_size_and_keeps_a_bounded_count(tmp_path):
+    """Before, ``feedback.jsonl`` grew without bound and every record stayed in memory."""
+    ids = [f"r{n:03d}" for n in range(40)]
+    limits = FeedbackSettings(max_file_bytes=8192, keep_files=2, max_records=12)
+    feedback = FeedbackStore(captured(tmp_path, *ids, feedback=limits))
+    for request_id in ids:
+        feedback.submit(parse_feedback(_comment_body(request_id)))
+    folder = tmp_path / "capture"
+    files = sorted(p.name for p in folder.glob("feedback*.jsonl"))
+    assert files == ["feedback.1.jsonl", "feedback.2.jsonl", "feedback.jsonl"]
+    assert all(p.stat().st_size <= 8192 for p in folder.glob("feedback*.jsonl"))
+    kept = [r["request_id"] for r in feedback.records()]
+    assert kept == ids[-len(kept) :] and len(kept) <= 12 + 8192 // 1500
+    assert len(feedback) == len(kept)  # the index holds what the files hold, no more
+    # the newest feedback is still idempotent and still refuses a different body
+    assert feedback.submit(parse_feedback(_comment_body(ids[-1])))[1]["duplicate"]
+    with pytest.raises(ApiError, match="already has different feedback"):
+        feedback.submit(parse_feedback({"request_id": ids[-1], "verdict": "right"}))
+
+
+def test_a_store_started_later_applies_the_count_cap(tmp_path):
+    ids = [f"r{n}" for n in range(10)]
+    feedback = FeedbackStore(captured(tmp_path, *ids))
+    for request_id in ids:
+        feedback.submit(parse_feedback({"request_id": request_id, "verdict": "right"}))
+    capped = CaptureStore(
+        CaptureSettings(enabled=True, path="capture", feedback=FeedbackSettings(max_records=3)),
+        tmp_path,
+    )
+    later = FeedbackStore(capped)
+    assert [r["request_id"] for r in later.records()] == ids[-3:] and len(later) == 3
+
+
+def test_a_second_store_follows_a_rotation_made_by_the_first(tmp_path):
+    ids = [f"r{n}" for n in range(12)]
+    limits = FeedbackSettings(max_file_bytes=4096, keep_files=10, max_records=100)
+    capture = captured(tmp_path, *ids, feedback=limits)
+    one, two = FeedbackStore(capture), FeedbackStore(capture)
+    one.submit(parse_feedback(_comment_body("r0")))
+    assert two.submit(parse_feedback(_comment_body("r0")))[1]["duplicate"]
+    for request_id in ids[1:]:
+        one.submit(parse_feedback(_comment_body(request_id)))
+    assert (tmp_path / "capture" / "feedback.1.jsonl").exists()
+    with pytest.raises(ApiError) as err:
+        two.submit(parse_feedback({"request_id": "r0", "verdict": "right"}))
+    assert err.value.status == 409
+
+
+@pytest.mark.parametrize(
+    "feedback, phrase",
+    [
+        ({"max_file_bytes": 10}, "feedback.max_file_bytes"),
+        ({"max_records": None}, "feedback.max_records"),
+        ({"keep": 1}, "unknown key"),
+        ("big", "must be a mapping"),
+    ],
+)
+def test_bad_feedback_bounds_name_the_key(feedback, phrase):
+    with pytest.raises(ValueError, match=phrase):
+        CaptureSettings.from_mapping({"feedback": feedback})
+
+
+def test_a_reference_answer_that_is_a_credential_is_refused(tmp_path):
+    feedback = FeedbackStore(captured(tmp_path, "r1"))
+    body = {"request_id": "r1", "reference_answer": "ghp_0123456789abcdefghijABCDEFGHIJ"}
+    with pytest.raises(ApiError) as err:
+        feedback.submit(parse_feedback(body))
+    assert err.value.status == 400 and err.value.param == "reference_answer"
+    assert feedback.records() == []

@@ -1,6 +1,7 @@
 """``POST /v1/feedback`` and capture in the chat handler: over the real API in process (fake
 pool) for the rules, and over ``conductor serve`` on the sandbox for the privacy defaults:
-capture off writes no question anywhere under ``data/``; capture on never stores the key."""
+capture off writes no question anywhere under ``data/`` and refuses feedback; capture on
+never stores a key, configured or only in the environment."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conductor_pipeline.serving.capture import CaptureSettings
+from conductor_pipeline.serving.capture import CaptureSettings, FeedbackSettings
 from conductor_pipeline.serving.server import BackgroundServer
+from conductor_pipeline.tasks.sources.traffic import load_traffic
 from tests.serving.conftest import QUESTION, ServeProcess, make_project, serve_env
 from tests.serving.test_app import KEY, ask, make_service, post
 
@@ -155,6 +157,68 @@ def test_a_capture_failure_never_fails_the_answer(capturing, caplog):
     assert "not captured" in caplog.text
 
 
+def test_with_capture_off_feedback_is_refused_and_nothing_is_written(tmp_path):
+    """Before, any id was accepted (``"joinable": false``) and every post grew the file."""
+    service = make_service()
+    service.root = tmp_path
+    with BackgroundServer(service) as server:
+        server.wait_ready()
+        for number in range(5):
+            body = {"request_id": f"r{number}", "verdict": "wrong", "comment": "x" * 2000}
+            response = send_feedback(server.base_url, body)
+            assert response.status_code == 404, response.text
+            assert response.json()["error"]["code"] == "capture_off"
+    assert not any(tmp_path.iterdir()), "capture off: feedback wrote nothing"
+
+
+def test_feedback_files_rotate_and_stay_within_their_caps(tmp_path):
+    limits = FeedbackSettings(max_file_bytes=4096, keep_files=1, max_records=4)
+    service = make_service(capture=CaptureSettings(enabled=True, path="t", feedback=limits))
+    service.root = tmp_path
+    with BackgroundServer(service) as server:
+        server.wait_ready()
+        for number in range(12):
+            request_id = post(server, ask(f"What is {number} times 7?")).json()["id"]
+            body = {"request_id": request_id, "verdict": "wrong", "comment": "y" * 1500}
+            assert send_feedback(server.base_url, body).status_code == 200
+    files = sorted((tmp_path / "t").glob("feedback*.jsonl"))
+    assert [p.name for p in files] == ["feedback.1.jsonl", "feedback.jsonl"]
+    assert sum(p.stat().st_size for p in files) <= 2 * 4096
+
+
+def test_credentials_nobody_configured_reach_no_capture_feedback_or_task(tmp_path, monkeypatch):
+    """Before, a key only in the server's environment (no worker uses it), pasted into a
+    question and a comment, was stored verbatim and became part of a training task; so was
+    the server's own key split by a line break."""
+    unused = "sk-proj-Unused8Key2In4The6Env0ironment"
+    monkeypatch.setenv("OPENAI_API_KEY", unused)
+    monkeypatch.setenv("VENDOR_TOKEN", "plain-vendor-token-value")
+    split_key = KEY[:9] + "\n" + KEY[9:]
+    service = make_service(capture=CaptureSettings(enabled=True, path="traffic"))
+    service.root = tmp_path
+    with BackgroundServer(service) as server:
+        server.wait_ready()
+        question = (
+            f"What is 6 times 7? My keys are {unused}, {split_key} and plain-vendor-token-value"
+        )
+        reply = post(server, ask(question))
+        assert reply.status_code == 200, reply.text
+        body = {
+            "request_id": reply.json()["id"],
+            "reference_answer": "42",
+            "comment": f"the env key is {unused[:12]}\n{unused[12:]}",
+        }
+        assert send_feedback(server.base_url, body).status_code == 200, body
+    folder = tmp_path / "traffic"
+    stored = files_text(folder)
+    found = load_traffic(folder, [])
+    [task] = found.train
+    text = stored + json.dumps(task.to_record())
+    for secret in (unused, KEY, "Unused8Key2In4", "3f9a7c21", "plain-vendor-token-value"):
+        assert secret not in text, secret
+    assert "What is 6 times 7? My keys are ***" in task.question and task.answer == "42"
+
+
 # ------------------------------------------------------------------ over `conductor serve`
 
 
@@ -180,14 +244,15 @@ def test_capture_off_no_question_reaches_disk(tmp_path):
         feedback = send_feedback(
             process.base_url, {"request_id": reply.json()["id"], "verdict": "right"}
         )
-        assert feedback.status_code == 200 and feedback.json()["joinable"] is False
+        assert feedback.status_code == 404 and feedback.json()["error"]["code"] == "capture_off"
     finally:
         assert process.stop() == 0, process.output
     written = {
         path: data for path, data in snapshot(project / "data").items() if before.get(path) != data
     }
-    # the response cache, the usage log and the feedback line: the scan covers real writes
+    # the response cache and the usage log: the scan covers real writes
     assert len(written) >= 2, sorted(written)
+    assert not (project / "data" / "01_raw" / "traffic").exists()
     for path, data in written.items():
         assert QUESTION.encode() not in data, f"the question reached {path}"
     assert not (project / "data" / "01_raw" / "traffic" / "requests.jsonl").exists()

@@ -13,8 +13,10 @@ What is kept is chosen field by field from the response's ``conductor`` record
 (:func:`capture_record`): request headers, the API key, credentials and the environment
 are never passed in, and anything else a caller adds to that record is left out. Worker
 responses and worker error texts are left out too (an error may echo a provider's reply).
-Known secret values (the ones the access log masks) are replaced by ``***`` in every string
-as a last line of defence, and the optional redaction hook (``redact: module:function``,
+Whatever looks like a credential is replaced by ``***`` in every string as a last line of
+defence (``serving.redaction``: the values the access log masks, the values of the
+environment's secret-looking variables, even split by a line break, common key shapes and
+random-looking tokens), and the optional redaction hook (``redact: module:function``,
 called with each record, returning the record to write or ``None`` to skip it) runs before
 anything is written.
 
@@ -40,12 +42,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
+from conductor_pipeline.serving.redaction import SecretMasker
 from conductor_pipeline.tasks.sources.traffic import (
     REQUESTS_STEM,
     read_jsonl,
@@ -54,7 +57,6 @@ from conductor_pipeline.tasks.sources.traffic import (
 )
 
 SCHEMA_VERSION = 1
-MASK = "***"
 _STEP_FIELDS = ("worker", "worker_name", "subtask", "access", "tokens", "cost_usd")
 _MODEL_FIELDS = ("id", "version", "alias")
 _RECORD_FIELDS = (
@@ -71,6 +73,37 @@ Redactor = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
 
 @dataclass(frozen=True)
+class FeedbackSettings:
+    """``serving.capture.feedback``: the bounds of ``feedback.jsonl`` (``serving.feedback``).
+
+    The file rotates past ``max_file_bytes`` (``feedback.1.jsonl`` the newest rotated file,
+    ``keep_files`` kept); at start-up and at each rotation all but the newest ``max_records``
+    are dropped, so disk and the store's in-memory index stay bounded."""
+
+    max_file_bytes: int = 4 * 1024 * 1024
+    keep_files: int = 2
+    max_records: int = 20_000
+
+    def __post_init__(self) -> None:
+        _check_int("feedback.max_file_bytes", self.max_file_bytes, minimum=1024)
+        _check_int("feedback.keep_files", self.keep_files, minimum=0)
+        _check_int("feedback.max_records", self.max_records, minimum=1)
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, Any] | None) -> FeedbackSettings:
+        if params is not None and not isinstance(params, Mapping):
+            raise ValueError(f"serving.capture.feedback: must be a mapping, got {params!r}")
+        params = dict(params or {})
+        unknown = set(params) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"serving.capture.feedback: unknown key(s) {sorted(unknown)}; expected "
+                f"{sorted(f.name for f in fields(cls))}"
+            )
+        return cls(**params)
+
+
+@dataclass(frozen=True)
 class CaptureSettings:
     """``serving.capture``; every error names the key."""
 
@@ -82,6 +115,7 @@ class CaptureSettings:
     max_records: int | None = None
     redact: str | None = None
     fsync: bool = True
+    feedback: FeedbackSettings = field(default_factory=FeedbackSettings)
 
     def __post_init__(self) -> None:
         for name in ("enabled", "fsync"):
@@ -121,7 +155,8 @@ class CaptureSettings:
             raise ValueError(
                 f"serving.capture: unknown key(s) {sorted(unknown)}; expected {sorted(known)}"
             )
-        return cls(**params)
+        feedback = FeedbackSettings.from_mapping(params.pop("feedback", None))
+        return cls(**params, feedback=feedback)
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:
@@ -223,22 +258,60 @@ def capture_record(
     }
 
 
-def _plain(value: Any, secrets: list[str]) -> Any:
-    """``value`` as JSON data: secrets masked in strings, non-finite numbers as null."""
-    if isinstance(value, str):
-        for secret in secrets:
-            if secret in value:
-                value = value.replace(secret, MASK)
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data: non-finite numbers as null, anything else not JSON as text."""
+    if isinstance(value, str) or value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if value is None or isinstance(value, bool | int):
-        return value
     if isinstance(value, Mapping):
-        return {str(k): _plain(v, secrets) for k, v in value.items()}
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v, secrets) for v in value]
-    return _plain(str(value), secrets)
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def masked(value: Any, masker: SecretMasker) -> Any:
+    """``value`` as JSON data with every credential-like string masked (``serving.redaction``)."""
+    return masker.mask_data(_plain(value))
+
+
+def rotate_files(folder: Path, stem: str, keep: int) -> None:
+    """``<stem>.jsonl`` -> ``<stem>.1.jsonl``, .1 -> .2, ...; beyond ``keep``: deleted."""
+    # oldest (highest number) first, so that no rename lands on a file still to move
+    for path in rotated_files(folder, stem)[:-1]:
+        number = int(path.name.split(".")[1])
+        if number >= keep:
+            path.unlink()
+        else:
+            path.rename(folder / f"{stem}.{number + 1}.jsonl")
+    current = folder / f"{stem}.jsonl"
+    if keep:
+        current.rename(folder / f"{stem}.1.jsonl")
+    else:
+        current.unlink()
+
+
+def apply_retention(folder: Path, stem: str, cutoff: float | None, max_records: int | None) -> None:
+    """Drop records older than ``cutoff`` (seconds since the epoch), then all but the newest
+    ``max_records``; files are rewritten whole (a copy, then a rename), deleted when empty."""
+    if cutoff is None and max_records is None:
+        return
+    files = rotated_files(folder, stem)
+    contents = [read_jsonl(path)[0] for path in files]
+    kept = [
+        [r for r in records if cutoff is None or (parse_time(r.get("time")) or 0) >= cutoff]
+        for records in contents
+    ]
+    if max_records is not None:
+        excess = sum(map(len, kept)) - max_records
+        for records in kept:  # oldest file first
+            drop = min(max(excess, 0), len(records))
+            del records[:drop]
+            excess -= drop
+    for path, before, after in zip(files, contents, kept, strict=True):
+        if len(after) != len(before):
+            rewrite(path, after)
 
 
 class CaptureStore:
@@ -257,6 +330,8 @@ class CaptureStore:
         self.folder = folder if folder.is_absolute() else Path(root) / folder
         self.current = self.folder / f"{REQUESTS_STEM}.jsonl"
         self._secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
+        # the environment is read here: a key set for no worker is masked all the same
+        self.masker = SecretMasker(self._secrets)
         self._clock = clock
         self._redact = load_redactor(settings.redact)
         self._thread_lock = threading.Lock()
@@ -276,7 +351,8 @@ class CaptureStore:
 
     @property
     def secrets(self) -> list[str]:
-        """The values masked in every record (longest first)."""
+        """The configured values masked in every record (longest first); the masker also
+        masks the environment's secrets, key shapes and random-looking tokens."""
         return list(self._secrets)
 
     def describe(self) -> dict[str, Any]:
@@ -291,6 +367,12 @@ class CaptureStore:
             "never_stores": ["headers", "api keys", "credentials", "environment"],
             "retention": {"max_age_days": s.max_age_days, "max_records": s.max_records},
             "rotation": {"max_file_bytes": s.max_file_bytes, "keep_files": s.keep_files},
+            "feedback": {
+                "accepted": s.enabled,
+                "max_file_bytes": s.feedback.max_file_bytes,
+                "keep_files": s.feedback.keep_files,
+                "max_records": s.feedback.max_records,
+            },
             "redaction": s.redact,
             "fsync": s.fsync,
         }
@@ -301,7 +383,7 @@ class CaptureStore:
 
     def prepare(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
         """The line's content: secrets masked, then the redaction hook (None: skip)."""
-        data = _plain(dict(record), self._secrets)
+        data = masked(dict(record), self.masker)
         if self._redact is not None:
             redacted = self._redact(data)
             if redacted is None:
@@ -311,7 +393,7 @@ class CaptureStore:
                     f"serving.capture.redact: {self.settings.redact} must return the record "
                     "(a mapping that keeps request_id) or None"
                 )
-            data = _plain(dict(redacted), self._secrets)
+            data = masked(dict(redacted), self.masker)
         return data
 
     def append(self, record: Mapping[str, Any]) -> bool:
@@ -391,42 +473,12 @@ class CaptureStore:
         self._position = (status.st_ino, data.rfind(b"\n") + 1)
 
     def _rotate(self) -> None:
-        """requests.jsonl -> requests.1.jsonl, .1 -> .2, ...; beyond keep_files: deleted."""
-        keep = self.settings.keep_files
-        # oldest (highest number) first, so that no rename lands on a file still to move
-        for path in rotated_files(self.folder, REQUESTS_STEM)[:-1]:
-            number = int(path.name.split(".")[1])
-            if number >= keep:
-                path.unlink()
-            else:
-                path.rename(self.folder / f"{REQUESTS_STEM}.{number + 1}.jsonl")
-        if keep:
-            self.current.rename(self.folder / f"{REQUESTS_STEM}.1.jsonl")
-        else:
-            self.current.unlink()
+        rotate_files(self.folder, REQUESTS_STEM, self.settings.keep_files)
 
     def _apply_retention(self) -> None:
-        """Drop records past ``max_age_days``, then all but the newest ``max_records``;
-        files are rewritten whole (write a copy, then rename) and left out when empty."""
         s = self.settings
-        if s.max_age_days is None and s.max_records is None:
-            return
-        files = rotated_files(self.folder, REQUESTS_STEM)
-        contents = [read_jsonl(path)[0] for path in files]
         cutoff = None if s.max_age_days is None else self._clock() - s.max_age_days * 86400
-        kept = [
-            [r for r in records if cutoff is None or (parse_time(r.get("time")) or 0) >= cutoff]
-            for records in contents
-        ]
-        if s.max_records is not None:
-            excess = sum(map(len, kept)) - s.max_records
-            for records in kept:  # oldest file first
-                drop = min(max(excess, 0), len(records))
-                del records[:drop]
-                excess -= drop
-        for path, before, after in zip(files, contents, kept, strict=True):
-            if len(after) != len(before):
-                rewrite(path, after)
+        apply_retention(self.folder, REQUESTS_STEM, cutoff, s.max_records)
 
 
 class _BothLocks:

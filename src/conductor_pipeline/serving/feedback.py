@@ -11,31 +11,38 @@ A body names the ``request_id`` of an earlier completion (the ``id`` of the resp
   one with the served answer as the accepted answer);
 - ``score``: a number from 0 to 1; evaluation slice.
 
-Optional ``comment`` (at most 2000 characters) is stored with it; known secret values are
-masked in what is stored, as in captured records. Unknown fields, wrong
-types (nothing is coerced: ``"0.5"`` is not a score) and non-finite numbers are refused with
-a 400 whose ``param`` names the field.
+Optional ``comment`` (at most 2000 characters) is stored with it. Credentials are masked in
+what is stored, as in captured records (``serving.redaction``); a reference answer that
+would lose text to the masking is refused (400): it could only train on ``***``. Unknown
+fields, wrong types (nothing is coerced: ``"0.5"`` is not a score) and non-finite numbers
+are refused with a 400 whose ``param`` names the field.
 
 Rules (:meth:`FeedbackStore.submit`):
 
-- **unknown request**: with capture on, a ``request_id`` the capture store does not hold is
-  a 404 (``unknown_request_id``): feedback that could never be joined is refused, not kept.
-  With capture off the server has no record of its requests, so the feedback is stored
-  (200) with ``"joinable": false`` in the reply: it will be used only if a capture folder
-  that holds the request is joined with it later;
+- **capture off**: feedback is refused with a 404 (``capture_off``) and nothing is written:
+  without captured requests it could never be joined, and the server would keep whatever
+  anyone sends;
+- **unknown request**: a ``request_id`` the capture store does not hold is a 404
+  (``unknown_request_id``): feedback that could never be joined is refused, not kept;
 - **idempotent**: the same body again for the same id answers 200 with the stored record and
   ``"duplicate": true``; a different body for an id that already has feedback is a 409
-  (``feedback_conflict``): the store is append-only and the first word stands;
-- records go to ``feedback.jsonl`` in the capture folder, one line each, under the same
-  locking and fsync rule as the capture store; capture's ``max_age_days`` applies to them at
-  start-up (the file is not rotated: a line is a few hundred bytes).
+  (``feedback_conflict``): the store is append-only and the first word stands (within what
+  retention keeps);
+- **bounded**: records go to ``feedback.jsonl`` in the capture folder, one line each, under
+  the same locking and fsync rule as the capture store. Past
+  ``serving.capture.feedback.max_file_bytes`` the file rotates (``feedback.1.jsonl`` the
+  newest rotated file, ``keep_files`` kept); at start-up and at each rotation capture's
+  ``max_age_days`` and ``feedback.max_records`` apply. The store keeps in memory one digest
+  per kept request id, not the records.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -50,18 +57,21 @@ from conductor_pipeline.serving.capture import (
     CaptureSettings,
     CaptureStore,
     _BothLocks,
-    _plain,
     append_line,
-    parse_time,
-    rewrite,
+    apply_retention,
+    masked,
+    rotate_files,
     utc_now,
 )
 from conductor_pipeline.serving.errors import ApiError
+from conductor_pipeline.serving.redaction import SecretMasker
 from conductor_pipeline.tasks.sources.traffic import (
     FEEDBACK_STEM,
     FEEDBACK_VERIFIERS,
     read_jsonl,
+    read_records,
     reference_verifier,
+    rotated_files,
 )
 
 _CHOICES = ("reference_answer", "verdict", "score")
@@ -166,38 +176,76 @@ class FeedbackStore:
         self.capture = capture
         self.folder = Path(folder) if folder is not None else capture.folder  # type: ignore[union-attr]
         self.path = self.folder / f"{FEEDBACK_STEM}.jsonl"
-        self.fsync = capture.settings.fsync if capture is not None else fsync
+        settings = capture.settings if capture is not None else CaptureSettings()
+        self.limits = settings.feedback
+        self.fsync = settings.fsync if capture is not None else fsync
+        self.masker = capture.masker if capture is not None else SecretMasker()
+        self._max_age_days = settings.max_age_days if capture is not None else None
         self._clock = clock
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._locks = _BothLocks(threading.Lock(), FileLock(str(self.folder / ".feedback.lock")))
-        self._stored: dict[str, dict[str, Any]] = {}
-        self._offset = 0
-        max_age = capture.settings.max_age_days if capture is not None else None
-        if max_age is not None:
+        # request id -> (content digest, time, kind): what idempotency needs, not the record
+        self._index: dict[str, tuple[str, Any, str]] = {}
+        self._position: tuple[int, int] | None = None  # (inode, bytes read) of feedback.jsonl
+        self._locks: _BothLocks | None = None
+        if self.accepting:  # capture off: no folder, no file
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._locks = _BothLocks(
+                threading.Lock(), FileLock(str(self.folder / ".feedback.lock"))
+            )
             with self._locks:
-                self._drop_older_than(clock() - max_age * 86400)
+                self._apply_retention()
+                self._reload()
 
-    def _drop_older_than(self, cutoff: float) -> None:
-        """Capture's retention applies to feedback too (at start-up; feedback is small)."""
-        if not self.path.exists():
-            return
-        records = read_jsonl(self.path)[0]
-        kept = [r for r in records if (parse_time(r.get("time")) or 0) >= cutoff]
-        if len(kept) != len(records):
-            rewrite(self.path, kept)
+    @property
+    def accepting(self) -> bool:
+        """Feedback is taken only while capture is on: without a captured request it could
+        never be joined, and an unjoinable store would be disk anyone may fill."""
+        return self.capture is not None and self.capture.enabled
+
+    def __len__(self) -> int:
+        """The number of request ids the in-memory index holds."""
+        return len(self._index)
+
+    def _apply_retention(self) -> None:
+        """Capture's ``max_age_days`` and ``feedback.max_records`` (locks held)."""
+        cutoff = None
+        if self._max_age_days is not None:
+            cutoff = self._clock() - self._max_age_days * 86400
+        apply_retention(self.folder, FEEDBACK_STEM, cutoff, self.limits.max_records)
+
+    def _reload(self) -> None:
+        """The index from every kept file, and where the current one was read up to."""
+        self._index.clear()
+        self._position = None
+        for path in rotated_files(self.folder, FEEDBACK_STEM):
+            if path != self.path:
+                for record in read_jsonl(path)[0]:
+                    self._remember(record)
+        self._catch_up()
+
+    def _remember(self, record: Mapping[str, Any]) -> None:
+        request_id = record.get("request_id")
+        if isinstance(request_id, str) and request_id not in self._index:
+            kind = next((k for k in _CHOICES if record.get(k) is not None), "")
+            self._index[request_id] = (_digest(record), record.get("time"), kind)
 
     def _catch_up(self) -> None:
-        """Read what was appended since the last look (other processes write here too)."""
-        if not self.path.exists():
+        """Read what was appended since the last look (other processes write here too); a
+        file rotated or rewritten by another process is read again whole."""
+        try:
+            status = os.stat(self.path)
+        except FileNotFoundError:
+            if self._position is not None:
+                self._reload()
             return
-        size = self.path.stat().st_size
-        if size < self._offset:  # the file was replaced (retention): read it again
-            self._stored.clear()
-            self._offset = 0
-        if size == self._offset:
+        inode, offset = self._position or (status.st_ino, 0)
+        if status.st_ino != inode or status.st_size < offset:
+            self._reload()
+            return
+        if status.st_size == offset:
+            self._position = (inode, offset)
             return
         with self.path.open("rb") as handle:
-            handle.seek(self._offset)
+            handle.seek(offset)
             chunk = handle.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
         for line in complete.decode("utf-8", errors="replace").splitlines():
@@ -205,14 +253,22 @@ class FeedbackStore:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and isinstance(record.get("request_id"), str):
-                self._stored.setdefault(record["request_id"], record)
-        self._offset += len(complete)
+            if isinstance(record, dict):
+                self._remember(record)
+        self._position = (inode, offset + len(complete))
 
     def submit(self, feedback: Feedback) -> tuple[int, dict[str, Any]]:
         """Store ``feedback``; returns ``(status, reply body)`` or raises ``ApiError``."""
-        capture_on = self.capture is not None and self.capture.enabled
-        if capture_on and not self.capture.contains(feedback.request_id):  # type: ignore[union-attr]
+        if not self.accepting:
+            raise ApiError(
+                404,
+                f"request_id: capture is off on this server, so no request "
+                f"{feedback.request_id!r} can be joined and feedback is not kept (turn on "
+                "serving.capture.enabled to collect feedback)",
+                param="request_id",
+                code="capture_off",
+            )
+        if not self.capture.contains(feedback.request_id):  # type: ignore[union-attr]
             raise ApiError(
                 404,
                 f"request_id: no captured request {feedback.request_id!r} (capture keeps "
@@ -220,50 +276,77 @@ class FeedbackStore:
                 param="request_id",
                 code="unknown_request_id",
             )
-        # known secrets are masked as in captured records (a comment may quote one)
-        content = _plain(feedback.content(), self.capture.secrets if self.capture else [])
+        # credentials are masked as in captured records (a comment may quote one)
+        content = masked(feedback.content(), self.masker)
+        if content["reference_answer"] != feedback.reference_answer:
+            raise ApiError(
+                400,
+                "reference_answer: looks like (or contains) a credential, which is never "
+                "stored; send the answer without it",
+                param="reference_answer",
+                code="credential_in_reference",
+            )
+        assert self._locks is not None
         with self._locks:
             self._catch_up()
-            earlier = self._stored.get(feedback.request_id)
+            earlier = self._index.get(feedback.request_id)
             if earlier is not None:
-                if {k: earlier.get(k) for k in _CONTENT_FIELDS} != content:
+                digest, received, kind = earlier
+                if digest != _digest(content):
                     raise ApiError(
                         409,
                         f"request_id: {feedback.request_id!r} already has different feedback "
-                        "(received " + str(earlier.get("time")) + "); the first one stands",
+                        f"(received {received}); the first one stands",
                         param="request_id",
                         code="feedback_conflict",
                     )
-                return 200, self._reply(earlier, duplicate=True, joinable=capture_on)
+                return 200, _reply(feedback.request_id, received, kind, duplicate=True)
             record = {"request_id": feedback.request_id, "time": utc_now(self._clock), **content}
             self._append(record)
-            self._stored[feedback.request_id] = record
-        return 200, self._reply(record, duplicate=False, joinable=capture_on)
+        return 200, _reply(record["request_id"], record["time"], _kind(record), duplicate=False)
 
     async def submit_async(self, feedback: Feedback) -> tuple[int, dict[str, Any]]:
         return await asyncio.to_thread(self.submit, feedback)
 
     def _append(self, record: dict[str, Any]) -> None:
+        """One line; past ``max_file_bytes`` the file rotates first (locks held)."""
         line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size and size + len(line) > self.limits.max_file_bytes:
+            rotate_files(self.folder, FEEDBACK_STEM, self.limits.keep_files)
+            self._apply_retention()
+            self._reload()
         append_line(self.path, line, fsync=self.fsync)
         # everything before was read by _catch_up under the same lock
-        self._offset = self.path.stat().st_size
-
-    @staticmethod
-    def _reply(record: dict[str, Any], *, duplicate: bool, joinable: bool) -> dict[str, Any]:
-        return {
-            "object": "feedback",
-            "request_id": record["request_id"],
-            "received": record.get("time"),
-            "kind": next(k for k in _CHOICES if record.get(k) is not None),
-            "duplicate": duplicate,
-            "joinable": joinable,
-            **({} if joinable else {"note": "capture is off: this feedback cannot be joined"}),
-        }
+        self._remember(record)
+        status = os.stat(self.path)
+        self._position = (status.st_ino, status.st_size)
 
     def records(self) -> list[dict[str, Any]]:
-        """Every stored feedback record, in arrival order."""
-        return read_jsonl(self.path)[0] if self.path.exists() else []
+        """Every kept feedback record (rotated files too), in arrival order."""
+        return read_records(self.folder, FEEDBACK_STEM)[0]
+
+
+def _kind(record: Mapping[str, Any]) -> str:
+    return next(k for k in _CHOICES if record.get(k) is not None)
+
+
+def _digest(record: Mapping[str, Any]) -> str:
+    """What the idempotency check compares: the content fields, hashed."""
+    content = {k: record.get(k) for k in _CONTENT_FIELDS}
+    text = json.dumps(content, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _reply(request_id: str, received: Any, kind: str, *, duplicate: bool) -> dict[str, Any]:
+    return {
+        "object": "feedback",
+        "request_id": request_id,
+        "received": received,
+        "kind": kind,
+        "duplicate": duplicate,
+        "joinable": True,
+    }
 
 
 def open_stores(
