@@ -53,7 +53,7 @@ class FakePool:
                 return task
         return None
 
-    async def __call__(self, worker, messages, sample_index=0):
+    async def __call__(self, worker, messages, sample_index=0, **overrides):
         name = self.names[worker]
         self.calls[name] += 1
         text = "\n".join(m["content"] for m in messages)

@@ -59,7 +59,9 @@ class FakePool:
         self.max_in_flight = 0
         self.prices = [(1e-6, 2e-6)] * len(self.names)
 
-    async def __call__(self, worker: int, messages: list[dict[str, str]], sample_index: int = 0):
+    async def __call__(
+        self, worker: int, messages: list[dict[str, str]], sample_index: int = 0, **overrides
+    ):
         self.calls[worker] += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
