@@ -221,18 +221,19 @@ def test_kedro_run_env_gpu_without_the_benchmarks_names_the_fix_without_a_traceb
         HF_HUB_OFFLINE="1",
         MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}",
     )
-    kedro = Path(sys.executable).parent / "kedro"
-    done = subprocess.run(
-        [str(kedro), "run", "--env", "gpu", "--pipelines", "data_prep"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    log = done.stdout + done.stderr
-    assert done.returncode != 0
-    assert "Traceback" not in log and 'File "' not in log, log[-3000:]
+
+    def failed_data_prep(*extra: str) -> str:
+        kedro = Path(sys.executable).parent / "kedro"
+        command = [str(kedro), "run", "--env", "gpu", "--pipelines", "data_prep", *extra]
+        done = subprocess.run(
+            command, cwd=root, env=env, capture_output=True, text=True, timeout=180
+        )
+        log = done.stdout + done.stderr
+        assert done.returncode != 0
+        assert "Traceback" not in log and 'File "' not in log, log[-3000:]
+        return log
+
+    log = failed_data_prep()
     # the preflight finds it before the first node, with every other missing source
     assert "Cannot run: the preflight checks found 4 problem(s) before the first step" in log
     assert "data_prep.sources.math500: does not load" in log
@@ -240,18 +241,7 @@ def test_kedro_run_env_gpu_without_the_benchmarks_names_the_fix_without_a_traceb
     assert "or give it a local copy with data_files" in log
     assert len(log.splitlines()) < 150
     # without the preflight, the node that loads it stops with the same fix, no traceback
-    done = subprocess.run(
-        [str(kedro), "run", "--env", "gpu", "--pipelines", "data_prep"]
-        + ["--params", "preflight.enabled=false"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    log = done.stdout + done.stderr
-    assert done.returncode != 0
-    assert "Traceback" not in log and 'File "' not in log, log[-3000:]
+    log = failed_data_prep("--params", "preflight.enabled=false")
     assert "Cannot run: data_prep.sources.math500: the dataset is not on this machine" in log
     assert "data_prep.sources.math500.data_files" in log
 
