@@ -16,6 +16,11 @@ layer that could be switched on is reported in ``SandboxResult.isolation``:
   re-exposed inside, read-only, even where they lie under /tmp (a CI clean clone).
 * ``pidns``     - (root) a PID namespace; when its init exits or is killed, the kernel kills
   every process left in it, so nothing the child forked can outlive the run.
+* ``reaper``    - (without a PID namespace) launcher and init are child subreapers: a process
+  the child detached (``setsid``, double fork) is adopted by init and killed before the run
+  ends; a run cut short has the launcher's whole tree stopped, then killed. A child under
+  the same uid as init (no fresh uid) can still kill init and the launcher first, and what it
+  detached then survives; ``sandbox_launcher`` explains.
 * ``uid``       - (root) the child runs under a fresh, unused uid. Linux does not enforce
   RLIMIT_NPROC for uid 0, so dropping root is what actually caps a fork bomb; a per-run uid
   (instead of the shared ``nobody``) keeps concurrent runs from eating each other's process
@@ -26,7 +31,7 @@ layer that could be switched on is reported in ``SandboxResult.isolation``:
 * ``cleanenv``  - the environment is built from scratch, so secrets in ``os.environ`` (API
   keys) never reach the child.
 
-Without root (a developer laptop, an unprivileged CI runner) only session, rlimits,
+Without root (a developer laptop, an unprivileged CI runner) only session, rlimits, reaper,
 preamble and cleanenv are available; RLIMIT_NPROC is then set relative to the user's
 current process count.
 

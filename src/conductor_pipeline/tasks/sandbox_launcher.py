@@ -11,6 +11,19 @@ namespace's init, and init forks the candidate's interpreter after setting its r
 uid. Launcher and init report over a status pipe (JSON lines); neither keeps the verdict
 channel or the run's key open once the candidate exists, and both are non-dumpable, so a
 candidate running under the same uid cannot reach their descriptors through ``/proc``.
+
+Nothing the candidate starts may outlive the run. In a PID namespace the kernel sees to it
+(init is PID 1). Without one (no root, or a kernel that refuses it), launcher and init are
+*child subreapers* (``PR_SET_CHILD_SUBREAPER``, the ``reaper`` layer): a process the
+candidate detached (``setsid`` and a double fork, which leaves the process group that the
+parent kills) is re-parented to init, not to the host's init, when its parent ends; init
+kills every such descendant before it exits, and the launcher does the same with anything
+left under it.
+When the run is cut short (wall clock, output cap), the parent stops and then kills the
+launcher's whole tree (:func:`end_descendants`) before it kills the process group. The limit:
+a candidate under the same uid as launcher and init (no fresh uid) may SIGKILL both, and
+whatever it detached before then is re-parented outside the tree and survives; a fresh uid
+(its processes are swept by uid) or a PID namespace closes that gap.
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class _Libc:
@@ -103,6 +117,10 @@ class _Libc:
     def not_dumpable(self) -> None:
         self._check(self._lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
+    def subreaper(self) -> bool:
+        """Adopt this process's orphaned descendants (Linux >= 3.4); not inherited by fork."""
+        return self._lib.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
 
 def _move_channels(config: dict[str, Any]) -> None:
     """Move the inherited pipes above ``_HIGH_FD``, close-on-exec, so 3 and 4 are free.
@@ -145,7 +163,7 @@ def _launcher_main(config: dict[str, Any]) -> None:
         os.umask(0o022)
         layers = ["session", "rlimits", "cleanenv"]
         layers += [] if config["allow_subprocesses"] else ["preamble"]
-        root = os.geteuid() == 0
+        root = os.geteuid() == 0 and config.get("kernel_layers", True)
         if root:
             for flag, name in (
                 (_CLONE_NEWNET, "netns"),
@@ -172,6 +190,8 @@ def _launcher_main(config: dict[str, Any]) -> None:
                 for name in filenames:
                     os.chown(os.path.join(dirpath, name), uid, uid)
             layers.append("uid")
+        if "pidns" not in layers and libc.subreaper():
+            layers.append("reaper")
         emit(event="isolation", layers=layers, uid=uid)
     except BaseException as exc:
         emit(event="setup_error", message=f"{type(exc).__name__}: {exc}")
@@ -179,9 +199,12 @@ def _launcher_main(config: dict[str, Any]) -> None:
 
     init = os.fork()
     if init == 0:
-        _init_main(libc, config, workdir, uid, "pidns" in layers and "mountns" in layers, emit)
+        _init_main(libc, config, workdir, uid, layers, emit)
     _close_channels(config)
     _, status = os.waitpid(init, 0)
+    if "reaper" in layers:
+        # only if init was killed: then what it had adopted was re-parented here
+        end_children()
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
@@ -285,12 +308,14 @@ def _reachable_by_others(paths: list[str]) -> bool:
 
 
 def _init_main(
-    libc: _Libc, config: dict[str, Any], workdir: str, uid: int | None, fresh_proc: bool, emit: Any
+    libc: _Libc, config: dict[str, Any], workdir: str, uid: int | None, layers: list[str], emit: Any
 ) -> None:
-    """PID 1 of the namespace (or a plain middle process): run the candidate, report its end."""
+    """PID 1 of the namespace (or a subreaper): run the candidate, report its end, and end
+    whatever it left behind."""
+    reaper = "reaper" in layers and libc.subreaper()
     try:
         libc.die_with_parent()
-        if fresh_proc:
+        if "pidns" in layers and "mountns" in layers:
             # Hide the host's process list (command lines of other processes).
             with contextlib.suppress(OSError):
                 libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
@@ -310,7 +335,80 @@ def _init_main(
             emit(event="exit", returncode=os.WEXITSTATUS(status))
     except BaseException as exc:
         emit(event="setup_error", message=f"{type(exc).__name__}: {exc}")
+    if reaper:
+        end_children()
     os._exit(0)  # as PID 1, exiting makes the kernel kill everything the candidate left
+
+
+def end_children() -> None:
+    """Kill this process's children until it has none left. Run by a child subreaper, which
+    adopts the children of every descendant that ends, so the loop reaches the whole tree
+    (a child forked meanwhile is adopted when its parent is killed, and found next round)."""
+    me = os.getpid()
+    while True:
+        for pid in _children(me):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def end_descendants(root: int) -> None:
+    """Stop every descendant of ``root`` (not ``root`` itself), until no new one appears,
+    then kill them all. Stopped processes can neither fork nor detach, so a tree that keeps
+    forking is caught whole; killing first would re-parent grandchildren out of reach."""
+    stopped: set[int] = set()
+    for _ in range(100):
+        children: dict[int, list[int]] = {}
+        for pid, parent in _parents().items():
+            children.setdefault(parent, []).append(pid)
+        found: set[int] = set()
+        frontier = [root]
+        while frontier:
+            for pid in children.get(frontier.pop(), []):
+                if pid not in found:
+                    found.add(pid)
+                    frontier.append(pid)
+        fresh = found - stopped
+        if not fresh:
+            break
+        for pid in fresh:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= fresh
+    for pid in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    # /proc/<pid>/task/<pid>/children lists a thread's children (launcher and init run one
+    # thread); kernels built without it fall back to a scan of every process's parent.
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return [child for child, parent in _parents().items() if parent == pid]
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process ``/proc`` shows."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            parents[int(entry)] = int(fields[1])
+    return parents
 
 
 def _exec_candidate(config: dict[str, Any], workdir: str, uid: int | None, emit: Any) -> None:

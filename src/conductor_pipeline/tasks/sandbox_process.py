@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conductor_pipeline.tasks.sandbox_launcher import WRITABLE_DIRS, within
+from conductor_pipeline.tasks.sandbox_launcher import WRITABLE_DIRS, end_descendants, within
 
 __all__ = [
     "ARGS_FILE",
@@ -278,6 +278,7 @@ def _launch_config(
         },
         "allow_subprocesses": bool(limits.allow_subprocesses),
         "parent_pid": os.getpid(),
+        "kernel_layers": _kernel_layers_allowed(),
     }
 
 
@@ -296,8 +297,14 @@ def _maskable(path: str) -> bool:
     return not any(path == w or path.startswith(w + "/") for w in WRITABLE_DIRS)
 
 
+def _kernel_layers_allowed() -> bool:
+    # Namespaces and a fresh uid need root; tests switch both off to run the unprivileged
+    # mode on a root machine.
+    return os.geteuid() == 0
+
+
 def _fresh_uid_allowed() -> bool:
-    if os.geteuid() != 0:
+    if not _kernel_layers_allowed():
         return False
     try:
         with open("/proc/self/uid_map", encoding="ascii") as fh:
@@ -409,7 +416,12 @@ def _has_exited(pid: int) -> bool:
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Kill everything left in the launcher's process group, then collect the launcher."""
+    """Kill everything left of the run, then collect the launcher."""
+    if not _has_exited(proc.pid):
+        # Cut short (wall clock, output cap): the launcher's whole tree first, detached
+        # processes included, which the process group below no longer holds. A launcher
+        # that ended by itself has ended its tree (sandbox_launcher.end_children).
+        end_descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     try:
