@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from conductor_pipeline.serving.errors import ApiError
 from conductor_pipeline.serving.settings import ServingSettings
+from conductor_pipeline.tasks.sources.traffic import CONTEXT_OPENING, QUESTION_MARKER
 from conductor_pipeline.workers.chat_request import (
     ChatRequest,
     Int64,
@@ -186,10 +187,8 @@ def compose_question(
     if not lines:
         return question, 0
     transcript = "\n".join(reversed(lines))
-    composed = (
-        "Earlier turns of this conversation, for context:\n"
-        f"{transcript}\n\nThe question to answer now:\n{question}"
-    )
+    # the traffic source reads the asked question back by these two strings
+    composed = f"{CONTEXT_OPENING}{transcript}{QUESTION_MARKER}{question}"
     return composed, len(lines)
 
 

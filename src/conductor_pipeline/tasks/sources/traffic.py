@@ -16,10 +16,14 @@ them). This module reads those files and turns them into:
   "Answer:" marker, else its last line; reward by answer matching); ``wrong``
   verdicts and scores are kept as figures about the served version.
 
-A question whose normalised text is in the test split is dropped from both: training on it
-would leak the fixed anchor into training, and keeping it in the slice would measure the
-anchor twice. A repeated question is kept once: the first feedback on it (by feedback time),
-also across runs (feedback older than ``since`` still marks its question as taken). Each task keeps its
+A question is the one asked (:func:`asked_question`: the earlier turns the API writes above
+it are left out) in its normalised form (:func:`question_key`). A question in the test split
+is dropped from both: training on it would leak the fixed anchor into training, and keeping
+it in the slice would measure the anchor twice. A repeated question is kept once: the first
+feedback on it (by feedback time), also across runs (feedback older than ``since`` still
+marks its question as taken). A question that received different reference answers in one
+read gives no training task at all (``summary.conflicting_reference`` counts the records
+dropped, ``conflicting_questions`` the questions). Each task keeps its
 provenance (``metadata.request_id``, capture and feedback times, the model version that
 served it). The output order is deterministic: by feedback time, then request id.
 
@@ -57,6 +61,25 @@ VERIFIER_FOR_FORMAT = {
     "text": "exact",
 }
 _ROTATED = re.compile(r"^(?P<stem>[A-Za-z0-9_-]+)\.(?P<n>\d+)\.jsonl$")
+# How the API writes a question with earlier turns (``serving.schema.compose_question``):
+# the opening, the transcript, then the marker and the question asked.
+CONTEXT_OPENING = "Earlier turns of this conversation, for context:\n"
+QUESTION_MARKER = "\n\nThe question to answer now:\n"
+
+
+def asked_question(question: str) -> str:
+    """The question a captured request asked, without the earlier turns the API put above
+    it: the same question behind any context is one question."""
+    if question.startswith(CONTEXT_OPENING) and QUESTION_MARKER in question:
+        # the transcript has no blank line (each turn is one folded line): the first marker
+        # ends it, whatever the question itself holds
+        return question.split(QUESTION_MARKER, 1)[1]
+    return question
+
+
+def question_key(question: str) -> str:
+    """The key "one task per question" is counted by: the asked question, normalised."""
+    return normalise_question(asked_question(question))
 
 
 def rotated_files(folder: str | Path, stem: str) -> list[Path]:
@@ -223,6 +246,8 @@ def traffic_tasks(
         "not_captured": 0,
         "in_test_split": 0,
         "repeated_question": 0,
+        "conflicting_reference": 0,
+        "conflicting_questions": 0,
         "unusable_reference": [],
         "train": 0,
         "evaluation": 0,
@@ -243,11 +268,13 @@ def traffic_tasks(
     rows, older = _split_feedback(feedback, since, summary)
     # questions an earlier run already took are not taken again under a new request id
     seen.update(
-        normalise_question(str(by_id[r["request_id"]]["question"]))
+        question_key(str(by_id[r["request_id"]]["question"]))
         for r in older
         if r["request_id"] in by_id
     )
     summary["feedback"] = len(rows)
+    conflicted = _conflicting_questions(rows, by_id)
+    summary["conflicting_questions"] = len(conflicted)
     # every record looked at moves the watermark, used or not: a skipped one stays skipped
     times = [str(r.get("time") or "") for r in rows]
     out.watermark = max(times) if any(times) else None
@@ -258,9 +285,12 @@ def traffic_tasks(
             summary["not_captured"] += 1
             continue
         question = str(captured_record["question"])
-        key = normalise_question(question)
-        if key in held_out:
+        key = question_key(question)
+        if key in held_out or normalise_question(question) in held_out:
             summary["in_test_split"] += 1
+            continue
+        if key in conflicted and _reference(record) is not None:
+            summary["conflicting_reference"] += 1
             continue
         if key in seen:
             summary["repeated_question"] += 1
@@ -274,6 +304,36 @@ def traffic_tasks(
         seen.add(key)
     summary["train"], summary["evaluation"] = len(out.train), len(out.evaluation)
     return out
+
+
+def _reference(record: Mapping[str, Any]) -> str | None:
+    """A feedback record's reference answer in a form two equal answers share (a number's
+    value, text without case or spacing differences); None without a usable one."""
+    reference = record.get("reference_answer")
+    if not isinstance(reference, str) or not reference.strip():
+        return None
+    text = " ".join(reference.split())
+    if looks_numeric(text):
+        try:
+            return repr(float(text.replace(",", "")))
+        except ValueError:
+            pass
+    return text.casefold()
+
+
+def _conflicting_questions(
+    rows: Iterable[Mapping[str, Any]], by_id: Mapping[str, Mapping[str, Any]]
+) -> set[str]:
+    """The questions (:func:`question_key`) that received different reference answers: no
+    one of them can be trusted, so none becomes a task."""
+    references: dict[str, set[str]] = {}
+    for record in rows:
+        captured = by_id.get(str(record["request_id"]))
+        reference = _reference(record)
+        if captured is not None and reference is not None:
+            key = question_key(str(captured["question"]))
+            references.setdefault(key, set()).add(reference)
+    return {key for key, found in references.items() if len(found) > 1}
 
 
 def _add_row(
