@@ -32,6 +32,7 @@ def test_only_secret_looking_environment_names_count():
             "HF_TOKEN": "hf-token-value-1",
             "DB_PASSWORD": "pa55word-long",
             "TOKENIZERS_PARALLELISM": "false",  # too short to be a key
+            "AUTH_MODE": "disabled",  # a word: masking it would mask the word everywhere
             "PATH": "/usr/local/bin:/usr/bin",
         }
     )

@@ -41,8 +41,9 @@ _MIN_HEX_CHARS = 32
 # about 0.3 in names and identifiers
 _MIN_CHANGE_RATE = 0.4
 _HEX = re.compile(r"[0-9a-f]+|[0-9A-F]+")
-# one optional line break (with the indentation around it) inside a key
-_BREAK = r"(?:[ \t]*\r?\n[ \t]*)?"
+# a line break (with the indentation around it) inside a key; never empty, so that no
+# repetition below can match nothing and backtrack without end
+_BREAK = r"(?:[ \t]*\r?\n[ \t]*)"
 _KEY_CHARS = r"[A-Za-z0-9_\-]"
 _KEY_SHAPES = [
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
@@ -66,13 +67,18 @@ SKIPPED_FIELDS = frozenset({"request_id", "time", "model", "worker", "worker_nam
 
 
 def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The values of environment variables whose name looks secret (``SECRET_NAME``)."""
+    """The values of environment variables whose name looks secret (``SECRET_NAME``), but
+    for short values and plain lowercase words, which would mask ordinary text."""
     environ = os.environ if environ is None else environ
-    return [
-        value.strip()
-        for name, value in environ.items()
-        if SECRET_NAME.search(name) and len(value.strip()) >= _MIN_SECRET_CHARS
-    ]
+    found = []
+    for name, value in environ.items():
+        value = value.strip()
+        if not SECRET_NAME.search(name) or len(value) < _MIN_SECRET_CHARS:
+            continue
+        if value.isalpha() and value.islower():  # a setting ("AUTH_MODE=disabled"), no key
+            continue
+        found.append(value)
+    return found
 
 
 def _entropy(text: str) -> float:
