@@ -14,7 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conductor_pipeline.tasks import Task, Verdict, verify
-from conductor_pipeline.tasks.verifiers import extract_code, extract_final_answer, extract_letter
+from conductor_pipeline.tasks.answer_extraction import (
+    extract_code,
+    extract_final_answer,
+    extract_letter,
+)
 
 
 def make_task(

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from conductor_pipeline.tasks import Task, verify
-from conductor_pipeline.tasks.verifiers import extract_final_answer
+from conductor_pipeline.tasks.answer_extraction import extract_final_answer
 from conductor_pipeline.workers.sandbox.profiles import SandboxProfiles, SimulatedProfile
 from conductor_pipeline.workers.sandbox.simulated import (
     RIGHT_MODES,

@@ -32,7 +32,7 @@ from typing import Any
 
 from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.tasks import Task, verify
-from conductor_pipeline.tasks.verifiers import extract_final_answer
+from conductor_pipeline.tasks.answer_extraction import extract_final_answer
 from conductor_pipeline.workers.pricing import pool_token_prices
 from conductor_pipeline.workers.types import WorkerReply
 from conductor_pipeline.workflow import OrchestrationConfig, orchestrate

@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.tasks.answer_extraction import extract_final_answer
 from conductor_pipeline.tasks.sources._common import looks_numeric
 from conductor_pipeline.tasks.splits import normalise_question
 from conductor_pipeline.tasks.types import ANSWER_FORMATS, VERIFIERS, Task
-from conductor_pipeline.tasks.verifiers import extract_final_answer
 
 REQUESTS_STEM = "requests"
 FEEDBACK_STEM = "feedback"
