@@ -12,14 +12,55 @@ from conductor_pipeline.tasks.types import Task
 
 SPLIT_NAMES = ("train", "validation", "test")
 
-_NON_WORD = re.compile(r"[^\w]+", re.UNICODE)
+# Characters that render as nothing (zero-width spaces and joiners, soft hyphen, word joiner,
+# byte-order mark, bidi and invisible-operator marks, variation selectors, fillers): a
+# question with one inserted is the same question.
+_INVISIBLE = dict.fromkeys(
+    [0x00AD, 0x034F, 0x061C, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x3164, 0xFEFF, 0xFFA0]
+    + list(range(0x180B, 0x1810))
+    + list(range(0x200B, 0x2010))
+    + list(range(0x202A, 0x202F))
+    + list(range(0x2060, 0x2070))
+    + list(range(0xFE00, 0xFE10))
+    + list(range(0x1D173, 0x1D17B))
+    + list(range(0xE0000, 0xE0080))
+)
+# Letters that look like Latin ones (lowercase: the text is casefolded first, which maps the
+# capitals onto these) and the operator signs written other ways. Our own short table of
+# the common lookalikes, not Unicode's full confusables list.
+_CONFUSABLES = str.maketrans(
+    {
+        # Cyrillic
+        "а": "a", "в": "b", "е": "e", "һ": "h", "і": "i", "ј": "j", "к": "k", "ӏ": "l",
+        "м": "m", "н": "h", "о": "o", "р": "p", "ԛ": "q", "с": "c", "ѕ": "s", "т": "t",
+        "у": "y", "ԝ": "w", "х": "x", "ԁ": "d", "ү": "y",
+        # Greek
+        "α": "a", "ε": "e", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p", "τ": "t",
+        "υ": "u", "χ": "x", "ϲ": "c",
+        # minus and the dashes written for it; times; division
+        "\u2212": "-", "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-",
+        "\u2014": "-", "\u2015": "-", "\u2796": "-",
+        "\u00d7": "*", "\u2217": "*", "\u22c5": "*", "\u2715": "*", "\u2716": "*",
+        "\u00f7": "/", "\u2215": "/", "\u2044": "/",
+    }
+)  # fmt: skip
+# A word, or one of the signs that change what a question asks ("1 + -5" is not "-(-1 + -5)")
+_TOKEN = re.compile(r"\w+|[-+*/^=<>()\[\]{}%]")
 
 
 def normalise_question(text: str) -> str:
-    """Case-, accent-, punctuation- and whitespace-insensitive form used to spot duplicates."""
+    """The form two questions a person would call the same share, used to spot duplicates.
+
+    NFKC, invisible characters removed, casefolded, accents stripped, common Cyrillic and
+    Greek lookalikes and operator variants folded to ASCII; then the words, numbers and
+    operator/bracket signs, one space apart (other punctuation and spacing do not count).
+    """
+    if text.isascii():  # the common case: nothing to fold but case
+        return " ".join(_TOKEN.findall(text.lower()))
+    text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE).casefold()
     text = unicodedata.normalize("NFKD", text)
-    text = "".join(ch for ch in text if not unicodedata.combining(ch))
-    return _NON_WORD.sub(" ", text.casefold()).strip()
+    text = "".join(ch for ch in text if not unicodedata.combining(ch)).translate(_CONFUSABLES)
+    return " ".join(_TOKEN.findall(text))
 
 
 def deduplicate(tasks: Iterable[Task]) -> tuple[list[Task], list[tuple[str, str]]]:

@@ -34,7 +34,13 @@ def _growing_sources() -> Pipeline:
         [
             Node(
                 collect_retraining_sources,
-                ["train_tasks", "test_tasks", "retraining_lock", "params:retraining_sources"],
+                [
+                    "train_tasks",
+                    "test_tasks",
+                    "retraining_lock",
+                    "params:retraining_sources",
+                    "validation_tasks",
+                ],
                 ["retraining_train_tasks", "traffic_slice_tasks", "retraining_sources_report"],
                 name="collect_retraining_sources",
             ),

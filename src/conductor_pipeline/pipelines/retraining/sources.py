@@ -61,16 +61,19 @@ def collect_retraining_sources(
     test_tasks: pd.DataFrame,
     retraining_lock: dict[str, Any],
     params: dict[str, Any],
+    validation_tasks: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """The training split with what is new in every enabled source after it, the new
-    evaluation slice (tasks of ``right`` verdicts) and the run's source report. The test
-    split is not touched; no watermark is written here."""
+    evaluation slice (tasks of ``right`` verdicts) and the run's source report. A new
+    question that is, or is near, one of the validation or test split is left out; those
+    splits are not touched and no watermark is written here."""
     settings = sources_settings(params)
     root = project_root()
     store = watermark_store(settings.watermarks, root)
-    collected = collect_sources(
-        settings, store, root=root, test_questions=test_tasks["question"].astype(str).tolist()
-    )
+    evaluation_questions = {"test": test_tasks["question"].astype(str).tolist()}
+    if validation_tasks is not None:
+        evaluation_questions["validation"] = validation_tasks["question"].astype(str).tolist()
+    collected = collect_sources(settings, store, root=root, test_questions=evaluation_questions)
     joined, left_out = join_training(_tasks(train_tasks), collected.tasks())
     evaluation_slice = slice_tasks(collected.evaluation)
     report = {

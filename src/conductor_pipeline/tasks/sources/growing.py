@@ -3,9 +3,10 @@ one collection per run from the stored watermarks, and the commit after the run 
 
 :func:`collect_sources` reads every enabled source from its watermark (traffic: captured
 requests with feedback, ``tasks.sources.traffic``; the drop folder and LiveCodeBench by
-``contest_date``, ``tasks.sources.dropfolder``). Every new task whose normalised question is
-in the fixed test split is left out, whatever its source, and so is a question a source
-earlier in the run already gave: the result can be appended to the training split without
+``contest_date``, ``tasks.sources.dropfolder``). Every new task whose question is, or is near,
+one of an evaluation split (validation and test; ``tasks.contamination``, with
+``retraining_sources.contamination.similarity_threshold``) is left out, whatever its source,
+and so is a question a source earlier in the run already gave: the result can be appended to the training split without
 touching the test split (the anchor the promotion gates compare on). Nothing is written:
 :func:`commit_all` stores the watermarks once the run that used them has succeeded.
 """
@@ -17,6 +18,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.tasks.contamination import (
+    DEFAULT_SIMILARITY_THRESHOLD,
+    EvaluationIndex,
+    check_threshold,
+    evaluation_index,
+)
 from conductor_pipeline.tasks.sources import benchmarks
 from conductor_pipeline.tasks.sources.dropfolder import (
     Batch,
@@ -26,7 +33,7 @@ from conductor_pipeline.tasks.sources.dropfolder import (
     livecodebench_window,
     read_drop_folder,
 )
-from conductor_pipeline.tasks.sources.traffic import load_traffic
+from conductor_pipeline.tasks.sources.traffic import asked_question, load_traffic
 from conductor_pipeline.tasks.splits import normalise_question
 from conductor_pipeline.tasks.types import Task
 
@@ -79,8 +86,18 @@ class WatermarkSettings:
 
 
 @dataclass(frozen=True)
+class ContaminationSettings:
+    """``retraining_sources.contamination``: how near an evaluation question a new one may
+    be (character 3-gram containment, numbers and operators equal; 1: only equal
+    normalised questions are left out)."""
+
+    similarity_threshold: float = DEFAULT_SIMILARITY_THRESHOLD
+
+
+@dataclass(frozen=True)
 class SourcesSettings:
     watermarks: WatermarkSettings = field(default_factory=WatermarkSettings)
+    contamination: ContaminationSettings = field(default_factory=ContaminationSettings)
     traffic: TrafficSourceSettings = field(default_factory=TrafficSourceSettings)
     drop_folder: DropFolderSettings = field(default_factory=DropFolderSettings)
     livecodebench: LiveCodeBenchWindowSettings = field(default_factory=LiveCodeBenchWindowSettings)
@@ -120,11 +137,16 @@ def sources_settings(params: Mapping[str, Any] | None) -> SourcesSettings:
         raise ValueError(f"{_PREFIX}: unknown key(s) {sorted(unknown)}; expected {sorted(known)}")
     settings = SourcesSettings(
         watermarks=_section(WatermarkSettings, params.get("watermarks"), "watermarks"),
+        contamination=_section(ContaminationSettings, params.get("contamination"), "contamination"),
         traffic=_section(TrafficSourceSettings, params.get("traffic"), "traffic"),
         drop_folder=_section(DropFolderSettings, params.get("drop_folder"), "drop_folder"),
         livecodebench=_section(
             LiveCodeBenchWindowSettings, params.get("livecodebench"), "livecodebench"
         ),
+    )
+    check_threshold(
+        settings.contamination.similarity_threshold,
+        f"{_PREFIX}.contamination.similarity_threshold",
     )
     if settings.watermarks.store not in ("mlflow", "file"):
         raise ValueError(
@@ -172,17 +194,23 @@ def collect_sources(
     store: WatermarkStore,
     *,
     root: str | Path,
-    test_questions: Iterable[str],
+    test_questions: EvaluationIndex | Mapping[str, Iterable[str]] | Iterable[str],
 ) -> Collected:
     """Read each enabled source from its stored watermark. Nothing is written: call
-    :func:`commit_all` once the run that used the result has succeeded."""
+    :func:`commit_all` once the run that used the result has succeeded.
+
+    ``test_questions``: the evaluation questions no new task may be (an index, questions by
+    split, or the test split's questions)."""
     root = Path(root)
+    held_out = evaluation_index(
+        test_questions, threshold=settings.contamination.similarity_threshold
+    )
     out = Collected()
     if settings.traffic.enabled:
         previous = store.read("traffic")
         found = load_traffic(
             _path(root, settings.traffic.path),
-            test_questions,
+            held_out,
             since=previous,
             domain=settings.traffic.domain,
             difficulty=settings.traffic.difficulty,
@@ -223,21 +251,21 @@ def collect_sources(
                 private_tests=lcb.private_tests,
             )
         )
-    _leave_out_known_questions(out.batches, test_questions)
+    _leave_out_known_questions(out.batches, held_out)
     return out
 
 
-def _leave_out_known_questions(batches: list[Batch], test_questions: Iterable[str]) -> None:
-    """Drop tasks whose question is in the test split or came earlier in this run."""
-    seen = {normalise_question(question) for question in test_questions}
-    held_out = set(seen)
+def _leave_out_known_questions(batches: list[Batch], held_out: EvaluationIndex) -> None:
+    """Drop tasks whose question is, or is near, an evaluation question, or came earlier in
+    this run."""
+    seen: set[str] = set()
     for batch in batches:
         kept: list[Task] = []
         batch.summary.setdefault("in_test_split", 0)
         batch.summary["repeated_in_run"] = 0
         for task in batch.tasks:
             key = normalise_question(task.question)
-            if key in held_out:
+            if asked_question(task.question) in held_out or task.question in held_out:
                 batch.summary["in_test_split"] += 1
             elif key in seen:
                 batch.summary["repeated_in_run"] += 1

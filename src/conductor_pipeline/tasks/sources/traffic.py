@@ -16,10 +16,12 @@ them). This module reads those files and turns them into:
   "Answer:" marker, else its last line; reward by answer matching); ``wrong``
   verdicts and scores are kept as figures about the served version.
 
-A question is the one asked (:func:`asked_question`: the earlier turns the API writes above
-it are left out) in its normalised form (:func:`question_key`). A question in the test split
-is dropped from both: training on it would leak the fixed anchor into training, and keeping
-it in the slice would measure the anchor twice. A repeated question is kept once: the first
+A question is the one asked (:func:`asked_question`: the earlier turns and system message
+the API writes above it are left out) in its normalised form (:func:`question_key`). A
+question that is, or is near, one of an evaluation split (validation or test;
+``tasks.contamination``: disguises such as zero-width characters or lookalike letters do not
+hide it) is dropped from both: training on it would leak the anchor into training, and
+keeping it in the slice would measure the anchor twice (``summary.in_test_split``). A repeated question is kept once: the first
 feedback on it (by feedback time), also across runs (feedback older than ``since`` still
 marks its question as taken). A question that received different reference answers in one
 read gives no training task at all (``summary.conflicting_reference`` counts the records
@@ -44,6 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.tasks.answer_extraction import extract_final_answer
+from conductor_pipeline.tasks.contamination import (
+    DEFAULT_SIMILARITY_THRESHOLD,
+    EvaluationIndex,
+    evaluation_index,
+)
 from conductor_pipeline.tasks.sources._common import looks_numeric
 from conductor_pipeline.tasks.splits import normalise_question
 from conductor_pipeline.tasks.types import ANSWER_FORMATS, VERIFIERS, Task
@@ -227,16 +234,18 @@ def _split_feedback(
 def traffic_tasks(
     captured: Iterable[Mapping[str, Any]],
     feedback: Iterable[Mapping[str, Any]],
-    test_questions: Iterable[str],
+    test_questions: EvaluationIndex | Mapping[str, Iterable[str]] | Iterable[str],
     *,
     since: str | None = None,
     domain: str = "traffic",
     difficulty: str = "medium",
+    similarity_threshold: float = DEFAULT_SIMILARITY_THRESHOLD,
 ) -> TrafficTasks:
     """Join captured requests with their feedback (see the module docstring).
 
-    ``test_questions`` are the questions of the fixed test split (raw text; normalised
-    here). Records without a request id, feedback for a request that was not captured, and
+    ``test_questions`` are the evaluation questions no task may be: an
+    :class:`EvaluationIndex`, questions by split, or the test split's questions (raw text;
+    normalised here; ``similarity_threshold`` for the last two). Records without a request id, feedback for a request that was not captured, and
     references no verifier can use are counted in ``summary``, never raised.
     """
     summary: dict[str, Any] = {
@@ -261,7 +270,7 @@ def traffic_tasks(
             continue
         summary["captured"] += 1
         by_id.setdefault(request_id, record)
-    held_out = {normalise_question(q) for q in test_questions}
+    held_out = evaluation_index(test_questions, threshold=similarity_threshold)
     seen: set[str] = set()
     defaults = {"domain": domain, "difficulty": difficulty}
     out = TrafficTasks(summary=summary)
@@ -286,7 +295,7 @@ def traffic_tasks(
             continue
         question = str(captured_record["question"])
         key = question_key(question)
-        if key in held_out or normalise_question(question) in held_out:
+        if asked_question(question) in held_out or question in held_out:
             summary["in_test_split"] += 1
             continue
         if key in conflicted and _reference(record) is not None:
@@ -391,18 +400,25 @@ def slice_tasks(evaluation: Iterable[Mapping[str, Any]]) -> list[Task]:
 
 def load_traffic(
     folder: str | Path,
-    test_questions: Iterable[str],
+    test_questions: EvaluationIndex | Mapping[str, Iterable[str]] | Iterable[str],
     *,
     since: str | None = None,
     domain: str = "traffic",
     difficulty: str = "medium",
+    similarity_threshold: float = DEFAULT_SIMILARITY_THRESHOLD,
 ) -> TrafficTasks:
     """:func:`traffic_tasks` over the capture folder's files (a missing folder gives
     nothing); unreadable lines are counted in ``summary.unreadable_lines``."""
     captured, bad_requests = read_records(folder, REQUESTS_STEM)
     feedback, bad_feedback = read_records(folder, FEEDBACK_STEM)
     result = traffic_tasks(
-        captured, feedback, test_questions, since=since, domain=domain, difficulty=difficulty
+        captured,
+        feedback,
+        test_questions,
+        since=since,
+        domain=domain,
+        difficulty=difficulty,
+        similarity_threshold=similarity_threshold,
     )
     result.summary["unreadable_lines"] = bad_requests + bad_feedback
     return result
