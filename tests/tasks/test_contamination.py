@@ -5,13 +5,14 @@ distinct procedural questions stay distinct."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from conductor_pipeline.serving.schema import compose_question
 from conductor_pipeline.tasks import Task
-from conductor_pipeline.tasks.contamination import EvaluationIndex
+from conductor_pipeline.tasks.contamination import EvaluationIndex, char_ngrams, containment
 from conductor_pipeline.tasks.sources.dropfolder import FileWatermarks
 from conductor_pipeline.tasks.sources.growing import collect_sources, sources_settings
 from conductor_pipeline.tasks.sources.traffic import traffic_tasks
@@ -182,3 +183,22 @@ def test_the_threshold_is_a_setting(tmp_path: Path):
     for bad in (0, 1.5, "high", True):
         with pytest.raises(ValueError, match="contamination.similarity_threshold"):
             sources_settings({"contamination": {"similarity_threshold": bad}})
+
+
+@pytest.mark.parametrize("threshold", [0.6, 0.8, 0.99])
+def test_the_index_finds_what_comparing_with_every_question_finds(threshold):
+    """The rarest-n-gram filter loses no near duplicate: the same answers as a full scan."""
+    rng = random.Random(threshold)
+    words = ["add", "the", "sum", "of", "two", "and", "three", "ten", "spell", "wig", "wir"]
+
+    def question() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(2, 9)))
+
+    questions = [question() for _ in range(300)]
+    index = EvaluationIndex({"test": questions}, threshold=threshold)
+    keys = [normalise_question(q) for q in questions]
+    for probe in [question() for _ in range(300)]:
+        key = normalise_question(probe)
+        scores = [containment(char_ngrams(key), char_ngrams(other)) for other in keys]
+        expected = key in keys or max(scores) >= threshold
+        assert (probe in index) == expected, probe

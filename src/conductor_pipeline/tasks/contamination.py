@@ -16,14 +16,17 @@ which also checks the drop folder and LiveCodeBench). Two questions match when:
 
 Containment is the share of the shorter question's n-grams found in the other one: a
 question quoted inside a longer message still matches. Candidates are compared only with
-evaluation questions of the same numbers and operators, so the check stays cheap.
+evaluation questions that share one of their rarest n-grams (see :class:`EvaluationIndex`),
+so the check stays cheap for large splits.
 
 This module imports neither Kedro nor MLflow.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -81,7 +84,13 @@ def check_threshold(value: object, where: str) -> float:
 
 
 class EvaluationIndex:
-    """Every evaluation split's questions, for :meth:`match` (see the module docstring)."""
+    """Every evaluation split's questions, for :meth:`match` (see the module docstring).
+
+    Near duplicates are found without comparing with every question (prefix filtering):
+    when the smaller of two n-gram sets has at least ``threshold`` of its n-grams in the
+    other, one of its few rarest n-grams is shared. So a question is compared only with the
+    entries that hold one of its rarest n-grams or whose rarest n-grams it holds.
+    """
 
     def __init__(
         self,
@@ -91,16 +100,31 @@ class EvaluationIndex:
     ) -> None:
         self.threshold = check_threshold(threshold, "similarity threshold")
         self._exact: dict[str, tuple[str, str]] = {}
-        # by numbers and operators: the only questions a near duplicate can be
-        self._by_signs: dict[tuple[str, ...], list[tuple[frozenset[str], str, str]]] = {}
+        # (n-grams, numbers and operators, split, question)
+        self._entries: list[tuple[frozenset[str], tuple[str, ...], str, str]] = []
         for split, questions in splits.items():
             for question in questions:
                 key = normalise_question(str(question))
                 if key in self._exact:
                     continue
                 self._exact[key] = (split, str(question))
-                entry = (char_ngrams(key), split, str(question))
-                self._by_signs.setdefault(signs(key), []).append(entry)
+                self._entries.append((char_ngrams(key), signs(key), split, str(question)))
+        self._frequency: Counter[str] = Counter(
+            gram for grams, *_ in self._entries for gram in grams
+        )
+        self._holding: dict[str, list[int]] = defaultdict(list)  # n-gram -> entries with it
+        self._rarest: dict[str, list[int]] = defaultdict(list)  # n-gram -> entries' prefixes
+        for number, (grams, *_) in enumerate(self._entries):
+            for gram in grams:
+                self._holding[gram].append(number)
+            for gram in self._prefix(grams):
+                self._rarest[gram].append(number)
+
+    def _prefix(self, grams: frozenset[str]) -> list[str]:
+        """The rarest n-grams of a set, as many as one near duplicate must share."""
+        size = len(grams)
+        length = size - math.ceil(self.threshold * size - 1e-9) + 1
+        return sorted(grams, key=lambda gram: (self._frequency.get(gram, 0), gram))[:length]
 
     def __len__(self) -> int:
         return len(self._exact)
@@ -113,9 +137,17 @@ class EvaluationIndex:
             return Match(split=found[0], question=found[1], similarity=1.0, exact=True)
         if self.threshold >= 1.0:
             return None
-        grams = char_ngrams(key)
+        grams, question_signs = char_ngrams(key), signs(key)
+        candidates: set[int] = set()
+        for gram in self._prefix(grams):
+            candidates.update(self._holding.get(gram, ()))
+        for gram in grams:
+            candidates.update(self._rarest.get(gram, ()))
         best: Match | None = None
-        for other, split, text in self._by_signs.get(signs(key), ()):
+        for number in sorted(candidates):
+            other, other_signs, split, text = self._entries[number]
+            if other_signs != question_signs:
+                continue
             similarity = containment(grams, other)
             if similarity >= self.threshold and (best is None or similarity > best.similarity):
                 best = Match(split=split, question=text, similarity=similarity, exact=False)
