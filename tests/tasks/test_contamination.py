@@ -8,8 +8,11 @@ import json
 import random
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from conductor_pipeline.pipelines.retraining.pipeline import create_pipeline
+from conductor_pipeline.pipelines.retraining.sources import collect_retraining_sources
 from conductor_pipeline.serving.schema import compose_question
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.tasks.contamination import EvaluationIndex, char_ngrams, containment
@@ -202,3 +205,43 @@ def test_the_index_finds_what_comparing_with_every_question_finds(threshold):
         scores = [containment(char_ngrams(key), char_ngrams(other)) for other in keys]
         expected = key in keys or max(scores) >= threshold
         assert (probe in index) == expected, probe
+
+
+def test_the_retraining_node_checks_the_validation_split_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONDUCTOR_PROJECT_ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # project_root() is memoised per working directory
+    traffic = tmp_path / "data" / "01_raw" / "traffic"
+    traffic.mkdir(parents=True)
+    asked = [DISGUISES["validation question, Greek omicron"], "Calculate -6 + -5."]
+    (traffic / "requests.jsonl").write_text(
+        "".join(json.dumps(_captured(f"r{i}", q)) + "\n" for i, q in enumerate(asked))
+    )
+    (traffic / "feedback.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"request_id": f"r{i}", "time": f"2026-12-01T11:0{i}Z", "reference_answer": "1"}
+            )
+            + "\n"
+            for i in range(len(asked))
+        )
+    )
+
+    def frame(question: str) -> pd.DataFrame:
+        task = Task("t", "math", "easy", question, "1", "number", "numeric", "rg")
+        return pd.DataFrame([task.to_record()], columns=list(Task.__dataclass_fields__))
+
+    params = {
+        "watermarks": {"store": "file", "path": "data/watermarks.json"},
+        "traffic": {"enabled": True, "path": "data/01_raw/traffic"},
+    }
+    joined, _, report = collect_retraining_sources(
+        frame("What is 2 + 2?"),
+        frame(TEST_QUESTION),
+        {"token": "t"},
+        params,
+        frame(VALIDATION_QUESTION),
+    )
+    assert list(joined["question"]) == ["What is 2 + 2?", "Calculate -6 + -5."]
+    assert report["sources"][0]["in_test_split"] == 1
+    [node] = [n for n in create_pipeline().nodes if n.name == "collect_retraining_sources"]
+    assert "validation_tasks" in node.inputs
