@@ -186,3 +186,20 @@ def test_full_evaluation_derives_router_oracle_and_sizes_the_baselines():
     fitted = [r for r in out.results if r.split == "validation"]
     assert {r.system for r in fitted} == {"solo:ace", "solo:mathy", "solo:dud"}
     assert len(fitted) == 3 * len(validation)
+
+
+async def test_the_pool_view_passes_the_executors_call_options_on():
+    """A request budget caps max_tokens per call (workflow/budget.py); evaluation's view of
+    the pool refused the keyword, so every budgeted GPU-profile call was a provider error."""
+    from conductor_pipeline.evaluation.systems import PoolView
+    from conductor_pipeline.workers.types import Usage, WorkerReply
+
+    asked: list[dict] = []
+
+    async def caller(worker, messages, sample_index=0, **overrides):
+        asked.append(overrides)
+        return WorkerReply("sim-a", "ok", Usage())
+
+    view = PoolView(caller, ["sim-a"], ["a worker"])
+    reply = await view(0, [{"role": "user", "content": "q"}], 0, max_tokens=7)
+    assert reply.text == "ok" and asked == [{"max_tokens": 7}]

@@ -99,9 +99,10 @@ class PoolView:
         return prompt_tokens * price[0] + completion_tokens * price[1]
 
     async def call(
-        self, worker: int, messages: list[dict[str, str]], sample_index: int = 0
+        self, worker: int, messages: list[dict[str, str]], sample_index: int = 0, **overrides: Any
     ) -> WorkerReply:
-        reply = await self.caller(worker, messages, sample_index)
+        # overrides: the executor's call options (max_tokens capped by a request budget)
+        reply = await self.caller(worker, messages, sample_index, **overrides)
         usage = getattr(reply, "usage", None)
         if usage is not None and usage.cache_hit and not usage.cost_usd:
             cost = self.list_cost(worker, usage.prompt_tokens, usage.completion_tokens)
