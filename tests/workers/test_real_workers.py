@@ -150,3 +150,32 @@ def test_a_batch_that_outlives_its_callers_dumps_every_threads_stack(held, capfd
     held.release.set()
     assert reply.result(10)[0] == "reply to stuck"
     assert "in __call__" in "".join(dumped)  # the held generator's frame: where it is stuck
+
+
+def _entry(chars: int) -> tuple:
+    return ([{"role": "user", "content": "x" * chars}], 8, 0.7, 0, Future())
+
+
+def test_a_long_prompt_does_not_pad_a_whole_batch_to_its_length():
+    """Rows are padded to the longest prompt: a 10,000-character aggregation prompt batched
+    with seven short ones made a batch that outlived every caller's timeout, and their
+    retries formed the same batch again. The oldest request always goes first; the others
+    wait while they would push the padded prompt past max_batch_chars."""
+    workers = RealWorkers(PROFILES.real, None, None, max_batch=8, max_batch_chars=24_000)
+    long, *short = [_entry(10_000)] + [_entry(600) for _ in range(7)]
+    workers._pending = [short[0], long, *short[1:]]
+
+    def sizes(batch: list) -> list[int]:
+        return [len(e[0][0]["content"]) for e in batch]
+
+    # two rows padded to 10,000 characters fit; a third would not: the short ones wait
+    assert sizes(workers._take_batch()) == [600, 10_000]
+    assert sizes(workers._take_batch()) == [600] * 6 and workers._pending == []
+    workers._pending = [_entry(50_000), _entry(10)]
+    assert len(workers._take_batch()) == 1  # an oversized request still runs, alone
+    cancelled = _entry(10)
+    cancelled[-1].cancel()
+    workers._pending = [cancelled, _entry(10)]
+    assert len(workers._take_batch()) == 1 and workers.abandoned == 1
+    with pytest.raises(ValueError, match="max_batch_chars"):
+        RealWorkers(PROFILES.real, None, None, max_batch_chars=0)

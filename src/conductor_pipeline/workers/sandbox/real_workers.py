@@ -25,6 +25,13 @@ class RealWorkers:
     ``max_batch`` rows), so concurrent callers share the model's forward passes: on two CPU
     cores a batch of 8 replies costs about as much as 2-3 single ones. Each row keeps its own
     seed, temperature and token limit (``generate_chat_batch``).
+
+    Rows are padded to the batch's longest prompt, so a batch also holds at most
+    ``max_batch_chars`` of padded prompt (rows times the longest prompt's characters); the
+    oldest request always goes into the next batch, the others wait if they would overflow it.
+    Without that bound, one 2,800-token aggregation prompt padded seven short ones to its
+    length: the batch took 135 s under make run's load, past every caller's 120 s timeout, and
+    their retries formed the same batch again, and again.
     """
 
     def __init__(
@@ -33,9 +40,12 @@ class RealWorkers:
         cache_dir: Path | None,
         torch_threads: int | None,
         max_batch: int = 8,
+        max_batch_chars: int = 24_000,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
+        if max_batch_chars < 1:
+            raise ValueError("max_batch_chars must be >= 1")
         self.profiles = {p.name: p for p in profiles}
         # a batch that outlives its callers' timeout is a problem, not load: every caller
         # retries. Its threads' stacks are dumped to the log once it has run this long, and
@@ -44,6 +54,7 @@ class RealWorkers:
         self.cache_dir = cache_dir
         self.torch_threads = torch_threads
         self.max_batch = max_batch
+        self.max_batch_chars = max_batch_chars
         self.model: Any = None
         self.tokenizer: Any = None
         self.error: str | None = None
@@ -101,14 +112,7 @@ class RealWorkers:
             with self._wakeup:
                 while not self._pending:
                     self._wakeup.wait()
-                batch = []
-                while self._pending and len(batch) < self.max_batch:
-                    entry = self._pending.pop(0)
-                    # False: the request was cancelled (its caller went away) while queued
-                    if entry[-1].set_running_or_notify_cancel():
-                        batch.append(entry)
-                    else:
-                        self.abandoned += 1
+                batch = self._take_batch()
                 if not batch:
                     continue
             started = time.perf_counter()
@@ -142,8 +146,33 @@ class RealWorkers:
             for (*_, future), reply in zip(batch, replies, strict=True):
                 future.set_result(reply)
 
+    def _take_batch(self) -> list[tuple[list[dict[str, Any]], int, float, int, Future]]:
+        """The next batch from the queue (the caller holds ``_wakeup``): the oldest request,
+        then the next ones that keep the padded prompt within ``max_batch_chars``."""
+        batch: list[tuple[list[dict[str, Any]], int, float, int, Future]] = []
+        longest = 0
+        i = 0
+        while i < len(self._pending) and len(batch) < self.max_batch:
+            entry = self._pending[i]
+            size = _prompt_chars(entry[0])
+            if batch and max(longest, size) * (len(batch) + 1) > self.max_batch_chars:
+                i += 1  # waits for a later batch
+                continue
+            self._pending.pop(i)
+            # False: the request was cancelled (its caller went away) while queued
+            if entry[-1].set_running_or_notify_cancel():
+                batch.append(entry)
+                longest = max(longest, size)
+            else:
+                self.abandoned += 1
+        return batch
+
     def _set_threads(self) -> None:
         # Per calling thread: OpenMP keeps the thread count per thread, and generation runs
         # in its own thread.
         if self.torch_threads:
             set_torch_threads(self.torch_threads)
+
+
+def _prompt_chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(str(m.get("content") or "")) for m in messages)
