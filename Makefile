@@ -23,7 +23,21 @@ export KEDRO_LOGGING_MODULE_ALLOWLIST := conductor_pipeline.log_filters
 
 install: $(STAMP)
 
+# A .venv made in another folder (the project was moved or copied) still names that folder
+# in its scripts' shebangs, its editable install and its Jupyter kernel: it is made again.
+# VENV_MADE_FOR: the folder its bin/activate names, when that is not this one.
+VENV_MADE_FOR := $(shell made=$$(sed -n "s/^VIRTUAL_ENV=[\"']\{0,1\}\([^\"']*\).*/\1/p" \
+  $(BIN)/activate 2>/dev/null | head -n 1); \
+  [ -n "$$made" ] && [ "$$made" != "$(CURDIR)/$(VENV)" ] && echo "$$made")
+ifneq ($(VENV_MADE_FOR),)
+.PHONY: $(STAMP)
+endif
+
 $(STAMP): pyproject.toml Makefile
+	@if [ -n "$(VENV_MADE_FOR)" ]; then \
+	  echo "$(VENV) was made for $(VENV_MADE_FOR), not $(CURDIR)/$(VENV) (the project moved): making it again"; \
+	  rm -rf $(VENV); \
+	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and exact, so that nothing later resolves a CUDA build

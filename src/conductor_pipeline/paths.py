@@ -84,3 +84,18 @@ def reroot(location: str, root: Path, marker: str) -> str | None:
     if old_root == new_root:
         return None
     return f"{scheme}{new_root}/{rest}"
+
+
+def project_relative(path: str | Path, root: Path | None = None) -> str:
+    """``path`` relative to the project root (default: the current project) when it lies
+    inside it, else as given. What the project stores (run info, tags, adapter configs)
+    names its own files this way, so a moved or copied project does not point back into
+    its old folder; relative paths resolve against the project root."""
+    candidate = Path(path)
+    if not candidate.is_absolute():
+        return str(path)
+    root = (root or project_root()).resolve()
+    resolved = candidate.resolve()
+    if not resolved.is_relative_to(root):
+        return str(path)
+    return resolved.relative_to(root).as_posix()
