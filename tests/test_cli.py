@@ -114,14 +114,47 @@ def test_an_unknown_question_gets_a_notice_on_stderr(project, monkeypatch, capsy
     assert "prepared tasks" in captured.err
 
 
-def test_a_prepared_question_gets_no_notice(project, monkeypatch, capsys):
+def test_a_prepared_question_gets_no_notice_but_is_marked_simulated(project, monkeypatch, capsys):
+    """sim-abacus answered: the answer is known to the sandbox, yet no real model's."""
     _scripted(monkeypatch, QUESTION)
     assert cli.main(["ask", QUESTION, "--json"]) == 0
     captured = capsys.readouterr()
     record = json.loads(captured.out)
-    assert record["simulated"] is False and record["sandbox_known_question"] is True
+    assert record["workflow"][0]["worker_name"] == "sim-abacus"
+    assert record["simulated"] is True and record["sandbox_known_question"] is True
     assert record["warning"] is None
-    assert "prepared tasks" not in captured.err
+    assert "prepared tasks" not in captured.err and "made up" not in captured.err
+
+
+def test_a_cached_step_costs_its_list_price_and_says_cached(project, monkeypatch, capsys):
+    """The second ask is served from the response cache: evaluation's list price, marked."""
+    from conductor_pipeline.workers.sandbox import load_profiles
+
+    _scripted(monkeypatch, QUESTION)
+    assert cli.main(["ask", QUESTION, "--json"]) == 0
+    (fresh,) = json.loads(capsys.readouterr().out)["workflow"]
+    assert cli.main(["ask", QUESTION, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    (cached,) = record["workflow"]
+    assert fresh["cache_hit"] is False and cached["cache_hit"] is True
+    profile = next(
+        p
+        for p in load_profiles(project / "conf/base/sandbox_workers.yml").simulated
+        if p.name == "sim-abacus"
+    )
+    list_price = (
+        cached["prompt_tokens"] * profile.input_cost_per_token
+        + cached["completion_tokens"] * profile.output_cost_per_token
+    )
+    assert list_price > 0
+    assert cached["cost_usd"] == pytest.approx(list_price)
+    assert cached["cost_usd"] == pytest.approx(fresh["cost_usd"])
+    assert record["cost_usd"] == pytest.approx(list_price)
+
+    assert cli.main(["ask", QUESTION]) == 0
+    out = capsys.readouterr().out
+    assert f"${list_price:.6f} (cached, list price)" in out
+    assert "(1 cached, at list price)" in out and "$0.000000" not in out
 
 
 def _register_nothing(project: Path) -> None:

@@ -50,10 +50,11 @@ def _print_event(kind: str, payload: Any) -> None:
     elif kind in ("step_finished", "step_skipped"):
         status = payload.failure or payload.skipped_reason or "ok"
         answer = (payload.response or "").strip().replace("\n", " ")
+        # a cached reply costs its list price, as evaluation charges it (PoolView)
+        cost = f"${payload.cost_usd:.6f}" + (" (cached, list price)" if payload.cache_hit else "")
         print(
             f"  ✓ step {payload.index} [{status}] {payload.prompt_tokens + payload.completion_tokens} tokens, "
-            f"${payload.cost_usd:.6f}, {payload.latency_s:.2f}s{' (cached)' if payload.cache_hit else ''}"
-            + (f": {answer[:200]}" if answer else "")
+            f"{cost}, {payload.latency_s:.2f}s" + (f": {answer[:200]}" if answer else "")
         )
 
 
@@ -108,8 +109,10 @@ def _notice(text: str) -> None:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
+    from conductor_pipeline.evaluation.systems import PoolView
     from conductor_pipeline.project import load_project_config
     from conductor_pipeline.workers.runtime import open_worker_pool
+    from conductor_pipeline.workers.sandbox.questions import simulation_marks
     from conductor_pipeline.workflow import orchestrate
     from conductor_pipeline.workflow.config import build_policy, orchestration_config
 
@@ -133,10 +136,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
         checked = await pool.question_check(question) if pool.question_check else None
         if checked is not None and checked.warning:
             _notice(checked.warning)
+        # evaluation's view of the pool: a reply from the response cache is charged its
+        # list price (the pool reports $0 for it), so ask and evaluation cost a step alike
+        priced = PoolView.from_pool(pool)
         result = await orchestrate(
             question,
             policy,
-            pool,
+            priced.call,
             pool.descriptions,
             worker_names=pool.names,
             config=orchestration,
@@ -146,25 +152,30 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     with open_worker_pool(config.worker_pool, config.credentials, root=config.root) as pool:
         result, checked = asyncio.run(ask(pool))
-    simulated = checked is not None and not checked.known
+    # the same marks as the API's `conductor` record
+    marks = simulation_marks(result, checked)
     record = result.to_dict()
     if args.json:
-        # the same marks as the API's `conductor` record
-        record.update(
-            simulated=simulated,
-            sandbox_known_question=checked.known if checked else None,
-            warning=checked.warning if checked else None,
-        )
+        record.update(marks)
         print(json.dumps(record, indent=2, default=str))
     elif result.format_failure:
         print("\nThe Conductor produced no valid workflow; no answer.")
     else:
         print(f"\nAnswer: {result.answer.strip()}", flush=True)
-        if simulated:
+        if marks["warning"]:
             _notice("the answer above is made up by simulated workers (see the note before it).")
+        cached = sum(
+            step["cache_hit"]
+            for r in record["rounds"]
+            if r["execution"]
+            for step in r["execution"]["steps"]
+        )
         print(
             f"Total: {record['worker_calls']} worker calls, {record['tokens']} worker tokens, "
-            f"${record['cost_usd']:.6f}, {record['latency_s']:.2f}s"
+            f"${record['cost_usd']:.6f}"
+            + (f" ({cached} cached, at list price)" if cached else "")
+            + f", {record['latency_s']:.2f}s"
+            + (" (simulated sim-* workers answered)" if marks["simulated"] else "")
         )
     return 2 if result.format_failure else 0
 

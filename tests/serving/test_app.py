@@ -72,13 +72,13 @@ class SlowLoadingPolicy(ScriptedPolicy):
 
 
 def make_service(
-    policy=None, pool=None, *, api_key=KEY, tracer=None, **settings
+    policy=None, pool=None, *, api_key=KEY, tracer=None, worker_names=("alpha", "beta"), **settings
 ) -> ConductorService:
     return ConductorService(
         policy=policy or ScriptedPolicy(worker=1),
         call_worker=pool or FakePool(),
         descriptions=["generalist", "maths"],
-        worker_names=["alpha", "beta"],
+        worker_names=list(worker_names),
         orchestration=OrchestrationConfig(
             prompt=PromptConfig(assistant_prefill="model_id = ["),
             budget=Budget(max_steps=5, max_tokens=None, max_cost_usd=None),
@@ -454,7 +454,8 @@ def test_an_unknown_question_is_marked_in_the_record_and_a_header():
     from conductor_pipeline.workers.sandbox import UNKNOWN_QUESTION_WARNING
 
     pool = SandboxLikePool(known={"What is 6 times 7?"})
-    with BackgroundServer(make_service(pool=pool)) as server:
+    sandbox_names = ("sim-sage", "sim-abacus")
+    with BackgroundServer(make_service(pool=pool, worker_names=sandbox_names)) as server:
         server.wait_ready()
         unknown = post(server, ask("What is 2+2?"))
         known = post(server, ask())
@@ -466,7 +467,8 @@ def test_an_unknown_question_is_marked_in_the_record_and_a_header():
     assert record["warning"] == UNKNOWN_QUESTION_WARNING
     assert unknown.headers["x-conductor-warning"] == UNKNOWN_QUESTION_WARNING
     record = known.json()["conductor"]
-    assert record["simulated"] is False and record["sandbox_known_question"] is True
+    # a prepared question, still answered by a simulated worker
+    assert record["simulated"] is True and record["sandbox_known_question"] is True
     assert record["warning"] is None and "x-conductor-warning" not in known.headers
     assert streamed.headers["x-conductor-warning"] == UNKNOWN_QUESTION_WARNING
     final = next(

@@ -121,7 +121,9 @@ def test_a_question_the_sandbox_does_not_know_is_marked(served):
     )
     assert "x-conductor-warning" not in prepared.headers
     record = prepared.parse().model_extra["conductor"]
-    assert record["simulated"] is False and record["sandbox_known_question"] is True
+    # known to the sandbox, and still answered by its simulated workers
+    assert record["workers"] and all(w.startswith("sim-") for w in record["workers"])
+    assert record["simulated"] is True and record["sandbox_known_question"] is True
     assert record["warning"] is None
 
 

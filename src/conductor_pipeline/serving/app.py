@@ -16,11 +16,12 @@ Endpoints (:func:`create_app`):
   where the Conductor (or ``question_to_workers``) passes it on. The answer is
   ``choices[0].message.content``; an extra top-level ``conductor`` field holds the executed
   workflow: steps with worker, subtask, access, tokens, cost and latency, the rounds, totals,
-  the budget applied and the served model version. Over the sandbox's simulated workers,
-  which know only the prepared tasks, the record's ``sandbox_known_question`` says whether
-  the question is one of them; when it is not, ``simulated`` is true (the answer is made
-  up), ``warning`` says so and what to do instead, and the response carries the same text
-  in an ``X-Conductor-Warning`` header (streamed or not). Over real workers
+  the budget applied and the served model version. ``simulated`` is true when a simulated
+  ``sim-*`` worker answered some step (the answer is no real model's). Over the sandbox's
+  simulated workers, which know only the prepared tasks, the record's
+  ``sandbox_known_question`` says whether the question is one of them; when it is not, the
+  answer is made up: ``warning`` says so and what to do instead, and the response carries
+  the same text in an ``X-Conductor-Warning`` header (streamed or not). Over real workers
   ``sandbox_known_question`` and ``warning`` are null, ``simulated`` is false and no header
   is sent.
 * ``POST /v1/feedback`` — a reference answer, a verdict (``right``/``wrong``) or a score for

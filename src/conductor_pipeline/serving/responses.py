@@ -13,6 +13,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from conductor_pipeline.serving.models import ServedModel
+from conductor_pipeline.workers.sandbox.questions import simulation_marks
 from conductor_pipeline.workflow.orchestrator import OrchestrationConfig, OrchestrationResult
 
 
@@ -25,7 +26,8 @@ def conductor_record(
     question_check: Any = None,
 ) -> dict[str, Any]:
     """The ``conductor`` field of a response: what ran, what it cost, which model wrote it,
-    and (``question_check``, a ``QuestionCheck``) whether the sandbox knew the question."""
+    whether simulated workers answered and (``question_check``, a ``QuestionCheck``)
+    whether the sandbox knew the question."""
     record = result.to_dict()
     steps = record["workflow"]
     return {
@@ -76,11 +78,8 @@ def conductor_record(
             "max_rounds": config.max_rounds,
         },
         "trace_id": trace_id,
-        # the sandbox's simulated workers made the answer up: the question is none of the
-        # prepared tasks they know (DESIGN.md: `conductor.simulated`)
-        "simulated": bool(question_check is not None and not question_check.known),
-        "sandbox_known_question": question_check.known if question_check else None,
-        "warning": question_check.warning if question_check else None,
+        # simulated / sandbox_known_question / warning, as `conductor ask --json` writes them
+        **simulation_marks(result, question_check),
     }
 
 

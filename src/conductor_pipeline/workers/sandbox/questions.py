@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from conductor_pipeline.workers.sandbox.profiles import SIM_PREFIX
 from conductor_pipeline.workers.sandbox.simulated import RECOGNISED_SHARE, TaskIndex
+
+if TYPE_CHECKING:
+    from conductor_pipeline.workflow.orchestrator import OrchestrationResult
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,35 @@ def recognise(index: TaskIndex, text: str) -> QuestionCheck:
             return QuestionCheck(known=True, task_id=match.task.id, coverage=1.0)
     best = matches[0]
     return QuestionCheck(known=False, task_id=best.task.id, coverage=round(best.coverage, 4))
+
+
+def is_simulated_worker(name: str | None) -> bool:
+    """Whether ``name`` is one of the sandbox's simulated ``sim-*`` workers."""
+    return bool(name) and str(name).startswith(SIM_PREFIX)
+
+
+def answered_by_simulated_worker(result: OrchestrationResult) -> bool:
+    """Whether a simulated worker answered some step of ``result``, in any round (an
+    earlier round's answers reach the Conductor's next workflow)."""
+    return any(
+        step.ok and is_simulated_worker(step.worker_name)
+        for r in result.rounds
+        if r.execution is not None
+        for step in r.execution.steps
+    )
+
+
+def simulation_marks(result: OrchestrationResult, check: QuestionCheck | None) -> dict[str, Any]:
+    """The marks ``conductor ask --json`` and the API's ``conductor`` record share:
+    ``simulated`` (a simulated worker answered some step, so the answer is no real model's),
+    ``sandbox_known_question`` (None without a check: a pool of real workers, or a sandbox
+    that could not say) and ``warning`` (set when the simulated workers made the answer up:
+    the question is none of the prepared tasks)."""
+    return {
+        "simulated": answered_by_simulated_worker(result),
+        "sandbox_known_question": check.known if check is not None else None,
+        "warning": check.warning if check is not None else None,
+    }
 
 
 def _compact(text: str) -> str:
