@@ -15,7 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conductor_pipeline.run_summary import MLFLOW_UI_COMMAND, run_summary
+from conductor_pipeline.run_summary import (
+    MLFLOW_UI_COMMAND,
+    UNKNOWN,
+    RunActivity,
+    RunSummaryHooks,
+    run_summary,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # the logging set-up the Makefile exports (its comment says why)
@@ -102,6 +108,10 @@ def test_a_kedro_run_logs_no_error_no_known_noise_and_ends_with_the_summary(proj
         assert noise not in log, noise
     assert "\x1b[" not in log  # no raw ANSI colour codes (MLflow colours its warnings)
     summary = done.stdout[done.stdout.index("Run summary") :]
+    assert "Ran: evaluation (" in summary
+    # an evaluation-only run registers and promotes nothing, and says so
+    assert "Registered: nothing" in summary and "Promotion: none in this run" in summary
+    assert "was promoted" not in summary
     assert "Evaluation (test split, n=6): conductor" in summary
     assert "best baseline" in summary
     assert "data/08_reporting/evaluation_report.html" in summary
@@ -153,6 +163,10 @@ def _row(system: str, accuracy: float, cost: float, p: float | None = None) -> d
     }
 
 
+EVALUATED = frozenset({"evaluation_summary"})
+EVERYTHING = frozenset({"evaluation_summary", "training_report", "evaluation_report"})
+
+
 def test_the_summary_names_the_best_baseline_the_champion_and_the_reports(tmp_path):
     rows = [
         _row("conductor", 0.75, 0.000885),
@@ -169,38 +183,90 @@ def test_the_summary_names_the_best_baseline_the_champion_and_the_reports(tmp_pa
         "reasons": ["accuracy drop 0.06 > 0.05"],
     }
     _write_outputs(tmp_path, rows, decision)
-    text = run_summary(tmp_path)
+    ran = RunActivity(("__default__",), 17, EVERYTHING, registered="3", decision=decision)
+    text = run_summary(tmp_path, ran)
+    assert "Ran: __default__ (17 nodes)" in text
+    assert "Registered: conductor version 3 (models:/conductor/3)" in text
     assert "conductor 0.750 (95% CI 0.670-0.830, $0.000885/question)" in text
     assert "behind the best baseline by 0.083, p=0.2: router 0.833" in text
     assert "oracle" not in text and "champion 0.900" not in text
     assert "Champion: conductor version 2" in text
-    assert "version 3 was kept (accuracy drop 0.06 > 0.05)" in text
+    assert "version 3, was kept (accuracy drop 0.06 > 0.05)" in text
     assert "Training report: data/08_reporting/training_report.html\n" in text
-    assert "Evaluation report: data/08_reporting/evaluation_report.html (not written" in text
+    assert "Evaluation report: data/08_reporting/evaluation_report.html (not written)" in text
     assert MLFLOW_UI_COMMAND in text
 
     # the hand-written pipeline, when it is the best baseline, says it is told the domain
     told = tmp_path / "told"
     _write_outputs(told, [*rows, _row("handcrafted", 0.875, 0.0012, 0.05)], decision)
-    assert "by 0.125, p=0.05: handcrafted (told the domain) 0.875" in run_summary(told)
+    assert "by 0.125, p=0.05: handcrafted (told the domain) 0.875" in run_summary(told, ran)
 
 
 def test_the_summary_says_when_the_conductor_leads_and_when_outputs_are_missing(tmp_path):
     _write_outputs(tmp_path, [_row("conductor", 0.9, 0.001), _row("moa", 0.8, 0.002, 0.01)], None)
-    text = run_summary(tmp_path)
+    text = run_summary(tmp_path, RunActivity(("evaluation",), 5, EVALUATED, champion=None))
     assert "ahead of the best baseline by 0.100, p=0.01: moa 0.800" in text
-    assert "Champion: no promotion decision in this run" in text
-    empty = run_summary(tmp_path / "nothing")
+    assert "Promotion: none in this run; champion unchanged: none" in text
+    empty = run_summary(tmp_path / "nothing", RunActivity(outputs=EVALUATED))
     assert "evaluation_summary.csv not written" in empty
+    assert "champion unchanged: unknown" in empty  # the registry could not be read
+
+
+def test_an_evaluation_only_run_claims_no_earlier_runs_promotion(tmp_path):
+    """``make run ARGS="--pipelines evaluation"`` after a full run: the decision file on
+    disk is the earlier run's; this run registered and promoted nothing."""
+    earlier = {"version": "1", "decision": "promoted", "champion": "1", "reasons": []}
+    _write_outputs(tmp_path, [_row("conductor", 0.9, 0.001)], earlier)
+    (tmp_path / "data/08_reporting/evaluation_report.html").write_text("<html></html>")
+    text = run_summary(tmp_path, RunActivity(("evaluation",), 6, EVALUATED, champion="1"))
+    assert "Ran: evaluation (6 nodes)" in text
+    assert "was promoted" not in text and "this run's" not in text
+    assert "Registered: nothing (no training in this run)" in text
+    assert (
+        "Promotion: none in this run; champion unchanged: conductor version 1 "
+        "(models:/conductor@champion)" in text
+    )
+    assert "Evaluation report: data/08_reporting/evaluation_report.html (from an earlier run)" in (
+        text
+    )
+
+
+def test_the_hooks_record_what_this_run_registered_and_decided():
+    from kedro.pipeline import Node, Pipeline
+
+    def identity(value):
+        return value
+
+    pipeline = Pipeline([Node(identity, "evaluation_results", "evaluation_summary", name="n")])
+    hooks = RunSummaryHooks()
+    hooks.before_pipeline_run({"pipeline_names": ["evaluation"]}, pipeline, None)
+    hooks.after_node_run(None, None, {}, {"evaluation_summary": "table"}, False, "r")
+    evaluated = hooks._activity
+    assert (evaluated.pipelines, evaluated.nodes, evaluated.outputs) == (
+        ("evaluation",),
+        1,
+        frozenset({"evaluation_summary"}),
+    )
+    assert evaluated.registered is None and evaluated.decision is None
+    assert evaluated.champion == UNKNOWN  # read at the end of the run, from the registry
+
+    decision = {"version": "4", "decision": "promoted", "champion": "4", "reasons": []}
+    hooks.before_pipeline_run({"pipeline_names": None}, pipeline, None)
+    hooks.after_node_run(None, None, {}, {"conductor_model_version": {"version": 4}}, False, "r")
+    hooks.after_node_run(None, None, {}, {"promotion_decision": decision}, False, "r")
+    assert hooks._activity.pipelines == ("__default__",)
+    assert (hooks._activity.registered, hooks._activity.decision) == ("4", decision)
 
 
 def test_the_summary_of_a_gpu_run_reads_the_gpu_profiles_tree_and_model(tmp_path):
     decision = {"version": "2", "decision": "promoted", "champion": "2", "reasons": []}
     _write_outputs(tmp_path, [_row("conductor", 0.6, 0.02)], decision, "data/gpu")
     _write_outputs(tmp_path, [_row("conductor", 0.9, 0.001)], None)  # the sandbox's
-    text = run_summary(tmp_path, data_root="data/gpu", registered_model="conductor-qwen")
+    ran = RunActivity(("__default__",), 17, EVERYTHING, registered="2", decision=decision)
+    text = run_summary(tmp_path, ran, data_root="data/gpu", registered_model="conductor-qwen")
     assert "conductor 0.600" in text and "conductor 0.900" not in text
     assert "Champion: conductor-qwen version 2 (models:/conductor-qwen@champion)" in text
+    assert "Registered: conductor-qwen version 2 (models:/conductor-qwen/2)" in text
     assert "Training report: data/gpu/08_reporting/training_report.html\n" in text
 
 
