@@ -41,8 +41,9 @@ def _conductor_detail(question: str, workers: list[str], answer: str) -> dict:
     return {"question": question, "answer": answer, "workflow": steps, "worker_names": WORKERS}
 
 
-def make_results(seed: int = 0, n_per_domain: int = 4) -> pd.DataFrame:
-    """Per-question results of conductor, base-policy, two solo workers and the oracle."""
+def make_results(seed: int = 0, n_per_domain: int = 4, max_steps: int = 3) -> pd.DataFrame:
+    """Per-question results of conductor, base-policy, two solo workers and the oracle;
+    the workflows have 1 to ``max_steps`` steps."""
     rng = random.Random(seed)
     rows: list[QuestionResult] = []
     for domain in DOMAINS:
@@ -77,7 +78,7 @@ def make_results(seed: int = 0, n_per_domain: int = 4) -> pd.DataFrame:
                     parse_failure = system == "base-policy" and rng.random() < 0.6
                     result.parse_failure = parse_failure
                     if not parse_failure:
-                        chosen = rng.sample(WORKERS, k=rng.randint(1, 3))
+                        chosen = rng.sample(WORKERS, k=rng.randint(1, max_steps))
                         result.workers = chosen
                         result.n_steps = len(chosen)
                         result.calls = len(chosen)

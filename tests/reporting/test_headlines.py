@@ -233,7 +233,10 @@ def test_counts_are_written_as_integers():
                                    "n": 24}, "champion": None},
     }  # fmt: skip
     table = next(p for p in ev.promotion_summary(decision) if isinstance(p, pd.DataFrame))
-    assert table.loc["n", "challenger"] == "24" and table.loc["n", "champion"] == "—"
+    table = table.set_index("figure")
+    assert (
+        table.loc["questions", "challenger"] == "24" and table.loc["questions", "champion"] == "—"
+    )
     assert table.loc["accuracy", "challenger"] == "0.750"
     tidy = tidy_table(pd.DataFrame({"n": [24.0, None], "share": [0.5, 1.0]}))
     assert list(tidy["n"]) == [24, ""] and list(tidy["share"]) == [0.5, 1.0]

@@ -49,7 +49,7 @@ def test_shape_shares_per_conductor_system(results):
     assert list(shares.index) == ["conductor", "warm-start", "base-policy"]
     assert shares.loc["warm-start", "single"] == 100.0
     assert shares.loc["base-policy", "(no workflow)"] > 0  # the fixture's parse failures
-    assert (shares.loc["base-policy", "n"]) == len(DOMAINS) * 4
+    assert (shares.loc["base-policy", "questions"]) == len(DOMAINS) * 4
 
 
 def test_no_conductor_rows_is_a_missing_input(results):

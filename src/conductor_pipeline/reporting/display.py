@@ -20,6 +20,11 @@ class MissingInput(LookupError):
     """An input a report section needs is not there; the message says what and why."""
 
 
+class HtmlBlock(str):
+    """A piece of report HTML shown as it is (:func:`show`); whoever builds it escapes the
+    text it holds."""
+
+
 def figure_png(figure: Any) -> bytes:
     """A matplotlib figure as PNG bytes (no display or pyplot state needed)."""
     buffer = io.BytesIO()
@@ -102,8 +107,9 @@ def tidy_table(frame: Any) -> Any:
 
 
 def show(item: Any) -> None:
-    """Display a figure (as an embedded PNG), a DataFrame (as a table), a string
-    (as Markdown), or a list/tuple of those."""
+    """Display a figure (as an embedded PNG), a DataFrame (as a table, :func:`table_html`),
+    an :class:`HtmlBlock` (as HTML), any other string (as Markdown), or a list/tuple of
+    those."""
     from IPython.display import HTML, Markdown, display
 
     if item is None:
@@ -115,28 +121,52 @@ def show(item: Any) -> None:
     if hasattr(item, "savefig"):
         display(HTML(figure_html(item)))
         return
+    if isinstance(item, HtmlBlock):
+        display(HTML(item))
+        return
     if isinstance(item, str):
         display(Markdown(item))
         return
-    item = tidy_table(item)
-    if _plain_row_numbers(item):
-        # 0, 1, 2 … in front of every row tells a reader nothing: leave them out
-        display(HTML(item.to_html(index=False, classes="dataframe", border=1)))
+    if _is_table(item):
+        display(HTML(table_html(item)))
         return
     display(item)
 
 
-def _plain_row_numbers(item: Any) -> bool:
-    """True for a DataFrame whose index is just the row number (0 … n-1)."""
+def _is_table(item: Any) -> bool:
     import pandas as pd
 
-    return (
-        isinstance(item, pd.DataFrame)
-        and isinstance(item.index, pd.RangeIndex)
-        and item.index.start == 0
-        and item.index.step == 1
-        and item.index.name is None
+    return isinstance(item, pd.DataFrame)
+
+
+def table_frame(frame: Any) -> Any:
+    """The table as a reader sees it (:func:`tidy_table`): row labels become ordinary
+    columns named after them, and no header names the index or the columns' axis (pandas
+    would print ``system`` or ``value`` on a header row of its own)."""
+    import pandas as pd
+
+    out = tidy_table(frame)
+    plain = (
+        isinstance(out.index, pd.RangeIndex)
+        and out.index.start == 0
+        and out.index.step == 1
+        and out.index.name is None
     )
+    if not plain:
+        # 0, 1, 2 … in front of every row tells a reader nothing; real row labels do
+        names = [name or "" for name in out.index.names]
+        out = out.copy()
+        out.index.names = [name if name not in out.columns else f"{name} " for name in names]
+        out = out.reset_index()
+    else:
+        out = out.copy()
+    out.columns.names = [None] * out.columns.nlevels
+    return out
+
+
+def table_html(frame: Any) -> str:
+    """A DataFrame as the report's HTML table: :func:`table_frame`, without row numbers."""
+    return table_frame(frame).to_html(index=False, classes="dataframe", border=1)
 
 
 def section(title: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

@@ -62,13 +62,40 @@ def overview_table(
     return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
 
 
-def rollout_examples(path: str | Path | None, per_phase: int = 3) -> list[Any]:
-    """Sample workflows from the earliest and the latest logged steps.
+def _rollout_steps(text: str, worker_names: list[str] | None) -> tuple[list[dict], str]:
+    """The steps of a sampled completion for :func:`~.examples.workflow_block` (workers by
+    name where the names are known), or no steps and why it did not parse."""
+    from conductor_pipeline.workflow import WorkflowParseError, parse_workflow
+
+    names = list(worker_names or [])
+    try:
+        workflow = parse_workflow(text, len(names) or 1000)
+    except WorkflowParseError as err:
+        return [], f"The completion is not a workflow: {err}"
+    steps = [
+        {
+            "worker": names[step.worker] if step.worker < len(names) else f"worker {step.worker}",
+            "access": "all" if step.all_access and step.access else list(step.access),
+            "subtask": step.subtask,
+        }
+        for step in workflow.steps
+    ]
+    return steps, ""
+
+
+def rollout_examples(
+    path: str | Path | None, per_phase: int = 3, worker_names: list[str] | None = None
+) -> list[Any]:
+    """Sample workflows from the earliest and the latest logged steps, each a readable
+    block: reward and whether it parsed, the question, then each step's worker (named from
+    ``worker_names``, the pool in training order), subtask and what it sees.
 
     Reads the JSONL file of rollout samples training writes (``step``, ``completion`` or
     ``workflow_text``, optional ``reward``, ``parsed``, ``question``); see
     :func:`resolve_rollout_samples` for where it is found.
     """
+    from conductor_pipeline.reporting.examples import workflow_block
+
     if not path or not Path(path).is_file():
         raise MissingInput(
             "no rollout samples: "
@@ -90,16 +117,21 @@ def rollout_examples(path: str | Path | None, per_phase: int = 3) -> list[Any]:
     for title, chosen in (("Early steps", early[:1]), ("Late steps", late[-1:])):
         rows = samples[samples["step"].isin(chosen)].head(per_phase)
         parts.append(f"### {title} (step {', '.join(str(int(s)) for s in chosen)})")
-        for row in rows.to_dict(orient="records"):
-            header = []
+        for number, row in enumerate(rows.to_dict(orient="records"), start=1):
+            facts = []
             if "reward" in row and pd.notna(row["reward"]):
-                header.append(f"reward {float(row['reward']):.2f}")
+                facts.append(f"reward {float(row['reward']):.2f}")
             if "parsed" in row:
-                header.append("parsed" if row["parsed"] else "did not parse")
-            if row.get("question"):
-                header.append(f"question: {str(row['question'])[:160]}")
+                facts.append("parsed" if row["parsed"] else "did not parse")
+            workflow, why = _rollout_steps(str(row[text_column]), worker_names)
             parts.append(
-                f"*{' · '.join(header)}*\n\n```text\n{str(row[text_column]).strip()[:1500]}\n```"
+                workflow_block(
+                    f"Sample {number}",
+                    facts,
+                    str(row.get("question") or ""),
+                    workflow,
+                    remark=why,
+                )
             )
     return parts
 
