@@ -154,12 +154,14 @@ class MlflowRunHooks:
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
         import mlflow
 
-        from conductor_pipeline.registry import run_name
+        from conductor_pipeline.registry import PROJECT_PATH_TAG, PROJECT_PATH_TAG_VALUE, run_name
 
         self._naming = None
         run = mlflow.active_run()
         if run is None:
             return
+        # kedro-mlflow's tag names the project folder by absolute path: relative, for moves
+        mlflow.set_tag(PROJECT_PATH_TAG, PROJECT_PATH_TAG_VALUE)
         names = run_params.get("pipeline_names") or run_params.get("pipeline_name")
         names = [names] if isinstance(names, str) else list(names or ["__default__"])
         if run.info.run_name != "+".join(names):

@@ -135,9 +135,11 @@ def _project_store_path(root: Path) -> Path | None:
 
 def rebase_store(root: Path | None = None) -> int:
     """Re-root the artifact locations in the project's SQLite store under ``root`` (default:
-    the current project) when they point into another checkout's ``mlruns/``, and make the
-    base-model paths of adapters under ``mlruns/`` relative. Returns how many locations
-    changed; 0 (and no write) when the store is already in place or absent."""
+    the current project) when they point into another checkout's ``mlruns/``, and store the
+    runs' ``project_path`` tags relative. After a move, also re-root the ``MLmodel`` files
+    under ``mlruns/`` and make the base-model paths of the adapters under ``mlruns/`` and
+    ``data/06_models/`` relative. Returns how many store values changed; 0 (and no write)
+    when the store is already in place or absent."""
     root = (root or project_root()).resolve()
     database = _project_store_path(root)
     if database is None or not database.is_file():
@@ -165,24 +167,60 @@ def rebase_store(root: Path | None = None) -> int:
                 if moved is not None:
                     conn.execute("UPDATE trace_tags SET value = ? WHERE rowid = ?", (moved, rowid))
                     changed += 1
+        if "tags" in tables:  # kedro-mlflow's run tag; runs of older versions kept the path
+            changed += conn.execute(
+                f"UPDATE tags SET value = '{PROJECT_PATH_TAG_VALUE}' "
+                f"WHERE key = '{PROJECT_PATH_TAG}' AND value LIKE '/%'"
+            ).rowcount
     if changed:
+        models = _reroot_mlmodel_files(root / "mlruns", root)
         adapters = portable_adapter(root / "mlruns", root)
+        adapters += portable_adapter(root / "data" / "06_models", root)
         logger.info(
-            "the project moved to %s: re-rooted %d MLflow artifact location(s) and %d adapter "
-            "config(s)",
+            "the project moved to %s: re-rooted %d MLflow store value(s), %d MLmodel file(s) "
+            "and %d adapter config(s)",
             root,
             changed,
+            models,
             adapters,
         )
     return changed
 
 
+# kedro-mlflow tags each run with ``project_path``, the absolute project folder; the project
+# stores it relative to the project root instead (the MLflow UI would show the old folder
+# after a move), by its hook and in :func:`rebase_store`
+PROJECT_PATH_TAG = "project_path"
+PROJECT_PATH_TAG_VALUE = "."
+
+
+def _reroot_mlmodel_files(folder: Path, root: Path) -> int:
+    """Re-root the ``artifact_path:`` line MLflow writes into each logged model's ``MLmodel``
+    file under ``folder`` (shown in the MLflow UI); returns how many files changed."""
+    changed = 0
+    for mlmodel in folder.rglob("MLmodel"):
+        try:
+            lines = mlmodel.read_text(encoding="utf-8").splitlines(keepends=True)
+        except (OSError, UnicodeDecodeError):
+            continue
+        for i, line in enumerate(lines):
+            if line.startswith("artifact_path: "):
+                moved = reroot(line.removeprefix("artifact_path: ").strip(), root, "mlruns")
+                if moved is not None:
+                    lines[i] = f"artifact_path: {moved}\n"
+                    mlmodel.write_text("".join(lines), encoding="utf-8")
+                    changed += 1
+                break
+    return changed
+
+
 def portable_adapter(folder: Path, root: Path | None = None) -> int:
     """Rewrite ``base_model_name_or_path`` in every ``adapter_config.json`` under ``folder``
-    so that it does not name this checkout by absolute path: a path inside the project
-    (or inside another checkout's ``data/``) becomes relative to the project root, which is
-    where ``kedro run``, ``conductor`` and the notebooks resolve paths from. Hub ids and
-    paths outside the project stay as they are. Returns how many files changed."""
+    (and the same path in the PEFT model card, ``README.md``, next to it) so that it does
+    not name this checkout by absolute path: a path inside the project (or inside another
+    checkout's ``data/``) becomes relative to the project root, which is where ``kedro run``,
+    ``conductor`` and the notebooks resolve paths from. Hub ids and paths outside the
+    project stay as they are. Returns how many adapter folders changed."""
     root = (root or project_root()).resolve()
     changed = 0
     for config_file in sorted(Path(folder).rglob("adapter_config.json")):
@@ -191,18 +229,52 @@ def portable_adapter(folder: Path, root: Path | None = None) -> int:
         except (OSError, ValueError):
             continue
         base = config.get(_BASE_MODEL_KEY)
-        if not isinstance(base, str) or not base.startswith("/"):
+        if not isinstance(base, str):
             continue
-        path = Path(base)
-        if not path.is_relative_to(root):
-            moved = reroot(base, root, "data")
-            if moved is None or not Path(moved).exists():
-                continue  # outside any project tree, or not in this copy: leave it
-            path = Path(moved)
-        config[_BASE_MODEL_KEY] = path.relative_to(root).as_posix()
-        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        changed += 1
+        relative = _project_base(base, root)
+        touched = relative is not None
+        if relative is not None:
+            config[_BASE_MODEL_KEY] = base = relative
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        touched = _portable_card(config_file.parent / "README.md", base) or touched
+        changed += touched
     return changed
+
+
+def _project_base(base: str, root: Path) -> str | None:
+    """The project-relative form of an absolute base-model path inside ``root`` (or inside
+    another checkout's ``data/`` whose counterpart exists here); ``None``: leave it."""
+    if not base.startswith("/"):
+        return None
+    path = Path(base)
+    if not path.is_relative_to(root):
+        moved = reroot(base, root, "data")
+        if moved is None or not Path(moved).exists():
+            return None  # outside any project tree, or not in this copy
+        path = Path(moved)
+    return path.relative_to(root).as_posix()
+
+
+# the model card's front matter names the base model twice: ``base_model: <path>`` and the
+# tag ``- base_model:adapter:<path>``
+_CARD_BASE = re.compile(r"^(base_model:[ \t]*|- base_model:adapter:)(/\S+)$", re.MULTILINE)
+
+
+def _portable_card(card: Path, base: str) -> bool:
+    """Name the relative ``base`` in the PEFT model card ``card`` where it gives an absolute
+    path ending in it; whether the card changed."""
+    if base.startswith("/") or not card.is_file():
+        return False
+    text = card.read_text(encoding="utf-8")
+
+    def relative(match: re.Match[str]) -> str:
+        return match[1] + base if match[2].endswith(f"/{base}") else match[0]
+
+    portable = _CARD_BASE.sub(relative, text)
+    if portable == text:
+        return False
+    card.write_text(portable, encoding="utf-8")
+    return True
 
 
 # -- run names and version descriptions ----------------------------------------------------------

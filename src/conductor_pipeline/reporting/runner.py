@@ -114,6 +114,38 @@ def notebook_to_html(notebook_path: str | Path) -> str:
     return body
 
 
+_SQLITE = "sqlite:///"
+
+
+def _relative_to(path: str | Path, base: Path) -> str:
+    """``path`` relative to ``base`` when it lies in the project, else as given."""
+    from conductor_pipeline.paths import project_root
+
+    path = str(path)
+    if not path.startswith("/"):
+        return path
+    try:
+        root = project_root()
+    except RuntimeError:  # outside any project: nothing to keep portable
+        return path
+    if not Path(path).resolve().is_relative_to(root):
+        return path
+    return os.path.relpath(Path(path).resolve(), base.resolve())
+
+
+def portable_parameters(parameters: dict[str, Any], cwd: Path) -> dict[str, Any]:
+    """``parameters`` with each absolute path (or ``sqlite:///`` URI) inside the project made
+    relative to ``cwd``, the kernel's working directory, where the notebook opens them."""
+    portable: dict[str, Any] = {}
+    for key, value in parameters.items():
+        if isinstance(value, str) and value.startswith(_SQLITE + "/"):
+            value = _SQLITE + _relative_to(value.removeprefix(_SQLITE), cwd)
+        elif isinstance(value, str):
+            value = _relative_to(value, cwd)
+        portable[key] = value
+    return portable
+
+
 def execute_report(
     template: str | Path,
     output_dir: str | Path,
@@ -149,10 +181,12 @@ def execute_report(
     started = time.perf_counter()
     sockets = tempfile.mkdtemp(prefix="report-kernel-")  # private (0700), short path
     try:
+        # relative paths: papermill records the parameters and both paths in the executed
+        # notebook, which must not name the folder of a moved project
         pm.execute_notebook(
-            str(template),
-            str(executed),
-            parameters=parameters,
+            _relative_to(template, Path.cwd()),
+            _relative_to(executed, Path.cwd()),
+            parameters=portable_parameters(parameters, Path(cwd) if cwd else Path.cwd()),
             kernel_name=kernel_name,
             cwd=str(cwd) if cwd else None,
             progress_bar=False,

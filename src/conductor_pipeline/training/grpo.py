@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.distributed import is_main_process, wait_for_everyone
+from conductor_pipeline.registry import portable_adapter
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.artifacts import (
     ADAPTER_INFO_FILE,
@@ -337,12 +338,22 @@ def _run_stage(run: _Run, stage: _Stage, tokenizer: Any) -> tuple[Path, int, str
             resumed_step = int(checkpoint.name.rsplit("-", 1)[-1]) if checkpoint else 0
             samples.forget_after(stage.step_offset + resumed_step)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    _portable_run_folder(run)  # the checkpoints stay usable after a move, also when stopped
     if run.caps is not None and run.caps.stop_reason is not None:
         # a cap was reached: the checkpoint of that step is saved; no adapter is published
         raise TrainingStopped(run.caps.stop_reason)
     final = stage_dir / "final"
     save_model(trainer, tokenizer, final)
     return final, int(trainer.state.global_step), str(checkpoint) if checkpoint else None
+
+
+def _portable_run_folder(run: _Run) -> None:
+    """PEFT writes the base model's absolute path into each adapter config and model card
+    (checkpoints, ``final``, ``ref``, the SFT adapter); the run folder names it relative to
+    the project root instead, so a moved or copied project does not point into its old one
+    (main process)."""
+    if is_main_process():
+        portable_adapter(run.run_dir)
 
 
 # -- the training stage -------------------------------------------------------------------------
@@ -436,6 +447,7 @@ def train_conductor(
         stage_adapter, recursion_steps, _ = _run_stage(run, recursion, tokenizer)
 
     adapter_dir = _publish_adapter(run, stage_adapter, warm)
+    _portable_run_folder(run)
     run.seconds["total"] = time.perf_counter() - started
     result = _result(run, adapter_dir, warm, global_step, resumed, recursion_steps)
     if is_main_process():

@@ -45,7 +45,7 @@ from conductor_pipeline.evaluation import (
     summarise_by_domain,
 )
 from conductor_pipeline.evaluation.systems import fingerprint
-from conductor_pipeline.paths import project_root
+from conductor_pipeline.paths import project_relative, project_root
 from conductor_pipeline.promotion import CHAMPION
 from conductor_pipeline.registry import registered_model
 from conductor_pipeline.tasks import Task
@@ -507,7 +507,9 @@ def run_evaluation(
                 "seed": faults.seed,
                 **faults.stats,
             }
-    info = {**run.info, "conductor_variant": conductor.variant, "store": str(store_path)}
+    # project-relative: the run info (and its report) must not name the folder of a moved project
+    store_shown = project_relative(store_path, root)
+    info = {**run.info, "conductor_variant": conductor.variant, "store": store_shown}
     if warm_start is not None:
         info["warm_start_variant"] = warm_start.variant
     if champion is not None:
