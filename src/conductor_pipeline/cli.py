@@ -19,6 +19,8 @@ from conductor_pipeline.offline import apply_offline_defaults
 
 apply_offline_defaults()  # before anything imports litellm or transformers
 
+from conductor_pipeline.run_errors import run  # noqa: E402
+
 # `--adapter none`: ask the untrained base policy on purpose
 BASE_POLICY = "none"
 NO_TRAINED_CONDUCTOR = (
@@ -513,8 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 @click.group(name="conductor_pipeline")
 def cli() -> None:
-    """Kedro loads ``<package>/cli.py`` as a project CLI extension and needs this group;
-    the project adds no ``kedro`` sub-commands (its own command is ``conductor``)."""
+    """Kedro loads ``<package>/cli.py`` as a project CLI extension and needs this group; its
+    one command replaces ``kedro run`` (checks first, one-line errors: ``run_errors.py``)."""
+
+
+# `kedro run`, and `python -m conductor_pipeline` (Kedro's find_run_command reads `run` here)
+cli.add_command(run)
 
 
 def main(argv: list[str] | None = None) -> int:
