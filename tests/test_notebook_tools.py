@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 KEDRO = [sys.executable, "-m", "kedro"]
+EXPLORE = REPO / "notebooks" / "explore_conductor.ipynb"
 
 
 def _project(root: Path) -> Path:
@@ -64,6 +66,11 @@ def test_kedro_jupyter_setup_registers_a_kernel_that_loads_the_project(tmp_path)
         (tmp_path / "jupyter-data/kernels/kedro_conductor_pipeline/kernel.json").read_text()
     )
     assert spec["argv"][-2:] == ["--ext", "kedro.ipython"]
+    # the exploration notebook opens on that kernel, the only one Kedro registered
+    (registered,) = (tmp_path / "jupyter-data/kernels").iterdir()
+    kernelspec = json.loads(EXPLORE.read_text())["metadata"]["kernelspec"]
+    assert kernelspec["name"] == registered.name
+    assert kernelspec["display_name"] == spec["display_name"]
 
     # the registered kernel, started as JupyterLab starts it, has the project loaded
     from jupyter_client.manager import start_new_kernel
@@ -94,6 +101,81 @@ def test_kedro_jupyter_setup_registers_a_kernel_that_loads_the_project(tmp_path)
     finally:
         for key in ("JUPYTER_DATA_DIR", "JUPYTER_PATH"):
             os.environ.pop(key, None)
+
+
+def _outputs(client, code: str) -> list[str]:
+    """What ``code`` shows in the notebook: streams, displays (rich log lines are displays)
+    and errors."""
+    shown: list[str] = []
+
+    def keep(message: dict) -> None:
+        kind, content = message["header"]["msg_type"], message["content"]
+        if kind == "stream":
+            shown.append(content["text"])
+        elif kind in ("display_data", "execute_result"):
+            shown.append(str(content["data"].get("text/plain", content["data"])))
+        elif kind == "error":
+            shown.append(f"{content['ename']}: {content['evalue']}")
+
+    reply = client.execute_interactive(code, timeout=180, output_hook=keep)
+    assert reply["content"]["status"] == "ok", (reply["content"], shown)
+    return shown
+
+
+def test_the_notebook_loads_the_project_quietly_in_a_plain_kernel(tmp_path):
+    """Papermill's or an editor's kernel, started without the Makefile's logging variables:
+    the notebook's own loading cell shows no log line and no TqdmWarning."""
+    from jupyter_client.manager import start_new_kernel
+
+    root = _project(tmp_path / "project")
+    (root / "notebooks").mkdir()
+    env = _env(tmp_path)
+    # the MLflow store `make run` leaves (a new one is announced by MLflow, once)
+    (root / "mlruns").mkdir()
+    store = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
+    make_store = f"import mlflow; mlflow.MlflowClient({store!r}).search_experiments()"
+    subprocess.run(
+        [sys.executable, "-c", make_store], cwd=root, env=env, check=True, capture_output=True
+    )
+    for name in ("KEDRO_LOGGING_CONFIG", "KEDRO_LOGGING_MODULE_ALLOWLIST"):
+        env.pop(name, None)
+    cells = json.loads(EXPLORE.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    (load,) = [source for source in code if "%load_ext kedro.ipython" in source]
+    manager, client = start_new_kernel(
+        kernel_name="python3", cwd=str(root / "notebooks"), env=env, startup_timeout=120
+    )
+    try:
+        shown = _outputs(client, load)
+        assert shown == [], "".join(shown)
+        text = "".join(_outputs(client, "print(sorted(pipelines)); print(context.project_path)"))
+        assert "'training'" in text and str(root) in text, text
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def test_use_project_logging_keeps_a_chosen_file_and_allows_the_filter(tmp_path, monkeypatch):
+    from conductor_pipeline.notebook_logging import FILTER_MODULE, use_project_logging
+
+    monkeypatch.delenv("KEDRO_LOGGING_CONFIG", raising=False)
+    monkeypatch.setenv("KEDRO_LOGGING_MODULE_ALLOWLIST", "my_filters")
+    assert use_project_logging(tmp_path) == tmp_path / "conf/base/logging.yml"
+    assert os.environ["KEDRO_LOGGING_MODULE_ALLOWLIST"] == f"my_filters,{FILTER_MODULE}"
+    # Kedro is imported in this process already: the file is applied at once
+    chosen = tmp_path / "mine.yml"
+    chosen.write_text(
+        "version: 1\ndisable_existing_loggers: false\nloggers: {probe: {level: ERROR}}\n"
+    )
+    monkeypatch.setenv("KEDRO_LOGGING_CONFIG", str(chosen))
+    import kedro.framework.project  # noqa: F401
+
+    try:
+        assert use_project_logging(tmp_path) == chosen
+        assert logging.getLogger("probe").level == logging.ERROR
+        assert os.environ["KEDRO_LOGGING_MODULE_ALLOWLIST"].count(FILTER_MODULE) == 1
+    finally:
+        logging.getLogger("probe").setLevel(logging.NOTSET)
 
 
 @pytest.mark.skipif(

@@ -138,6 +138,11 @@ def test_the_noise_filter_drops_exactly_the_known_messages():
     assert noise.filter(record(pending.format("my_own_coroutine")))  # ours still shows
     assert not noise.filter(record("\x1b[33mAdd type hints to the `predict` method to ...\x1b[0m"))
     assert noise.filter(record("Node collect_tasks failed with error"))
+    # in a notebook kernel: tqdm.auto's advice (MLflow imports it), kedro-mlflow's resolver
+    tqdm = "TqdmWarning: IProgress not found. Please update jupyter and ipywidgets."
+    assert not noise.filter(record(f".../tqdm/auto.py:21: {tqdm}"))
+    assert not noise.filter(record("Registering new custom resolver: 'km.random_name'"))
+    assert noise.filter(record("Mlflow run 'evaluation' - 'abc' has started"))
 
 
 def _write_outputs(

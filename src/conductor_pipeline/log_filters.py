@@ -38,6 +38,12 @@ KNOWN_NOISE: tuple[tuple[str, ...], ...] = (
     # SmolLM2's tokenizer_config asks for clean_up_tokenization_spaces, which transformers
     # rightly skips for a BPE tokenizer
     ("Ignoring clean_up_tokenization_spaces=True for BPE tokenizer",),
+    # tqdm.auto, imported by MLflow (kedro-mlflow's hook), asks for ipywidgets in any
+    # IPython kernel without it; its text bar works there, and the project shows no widget
+    ("IProgress not found",),
+    # kedro-mlflow announces the resolver it registers when each Kedro context is made
+    # (its own logger is at INFO, so a level in logging.yml would also hide its run notices)
+    ("Registering new custom resolver: 'km.random_name'",),
 )
 
 
