@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 export KEDRO_LOGGING_CONFIG := $(CURDIR)/conf/base/logging.yml
 export KEDRO_LOGGING_MODULE_ALLOWLIST := conductor_pipeline.log_filters
 
-.PHONY: install run test test-fast bench lint clean-data notebooks viz mlflow help
+.PHONY: install run test test-fast bench lint clean-data notebooks viz mlflow help docs
 
 install: $(STAMP) ## Make .venv: the project, its test and notebook extras, the SmolLM2 weights
 
@@ -88,6 +88,9 @@ bench: $(STAMP) ## Benchmarks -> data/08_reporting/benchmarks.json
 lint: $(STAMP) ## ruff check and ruff format --check on src and tests
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+
+docs: $(STAMP) ## Build the documentation site (site/) with warnings as errors
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The short GPU check (README "GPU check"): one script, under 8 minutes, writes
 # data/08_reporting/gpu_check.json; exit 0 ok, 1 a section failed, 2 no CUDA, 3 over budget.
