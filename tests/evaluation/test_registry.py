@@ -31,7 +31,7 @@ class CheapestSettings:
     n: int = 3  # samples voted over
 
 
-class Cheapest(SystemKind):  # the README's example (Evaluation), line for line
+class Cheapest(SystemKind):  # the example of docs/evaluation.md, line for line
     name, rank, section, Settings = "cheapest", (6, 1), "cheapest", CheapestSettings
 
     def systems(self, ctx):

@@ -760,7 +760,7 @@ def test_a_cancelled_continuous_batch_cancels_its_requests_and_admits_no_one_mor
 def test_a_bfloat16_policy_runs_in_bfloat16_and_batches_requests():
     """``serving.dtype: bfloat16`` (or ``auto`` on a CPU with AMX): the weights are bfloat16
     and concurrent requests share one batch. A batched text may differ from the request's
-    text alone: bfloat16 rounds a padded batch's sums more coarsely (README "Serving")."""
+    text alone: bfloat16 rounds a padded batch's sums more coarsely (docs/serving.md, "Precision")."""
     import torch
 
     from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages

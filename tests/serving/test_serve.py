@@ -104,8 +104,8 @@ def test_openai_client_stream_shows_only_the_answer_as_content(served):
 
 
 def test_a_question_the_sandbox_does_not_know_is_marked(served):
-    """The README's old example through the official client: the answer comes back, marked
-    as made up by the simulated workers in the record and in a header."""
+    """The sandbox-question example of docs/serving.md through the official client: the
+    answer comes back, marked as made up by the simulated workers in the record and in a header."""
     raw = _client(served).chat.completions.with_raw_response.create(
         model="conductor", messages=[{"role": "user", "content": "What is 2+2?"}]
     )

@@ -164,10 +164,10 @@ def test_the_trl_training_server_and_the_policy_server_use_different_ports():
     assert url.port != vllm.port, "evaluation would reach TRL's server as its own"
 
 
-def test_the_readme_recipe_serves_trl_on_the_configured_port_without_a_key():
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("# several GPUs: a vLLM server on GPU 4")
-    recipe = readme[start : readme.index("```", start)]
+def test_the_documented_recipe_serves_trl_on_the_configured_port_without_a_key():
+    page = (REPO / "docs" / "training.md").read_text()  # "Training on GPUs"
+    start = page.index("# several GPUs: a vLLM server on GPU 4")
+    recipe = page[start : page.index("```", start)]
     url = urlparse(
         load_project_config("gpu", root=REPO).parameters["training"]["grpo"]["vllm_server_base_url"]
     )
