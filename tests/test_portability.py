@@ -23,6 +23,9 @@ from conductor_pipeline.registry import (
     resolve_adapter,
     run_name,
 )
+from conductor_pipeline.training.configs import SMOLLM2
+from conductor_pipeline.workers.local_model import DEFAULT_CACHE_RELATIVE
+from tests.path_scan import old_path_mentions
 from tests.training.project_copy import write_training_project
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,10 +163,12 @@ def test_portable_adapter_leaves_hub_ids_and_outside_paths(tmp_path):
 
 
 def _training_project(root: Path, tiny_model_dir: Path) -> Path:
-    # the base model inside the project, as the offline SmolLM2 copy is (data/06_models)
-    base = root / "data" / "06_models" / "tiny-llama"
+    # the tiny model stands in for the offline SmolLM2 copy, where that lives in the project
+    # (data/06_models): the configured short name resolves to its absolute path, as in a
+    # real run, and PEFT writes that path into every checkpoint
+    base = root / DEFAULT_CACHE_RELATIVE
     shutil.copytree(tiny_model_dir, base)
-    write_training_project(root, base, workers=["sim-sage", "sim-abacus", "sim-sprout"])
+    write_training_project(root, SMOLLM2, workers=["sim-sage", "sim-abacus", "sim-sprout"])
     return base
 
 
@@ -178,6 +183,7 @@ def test_trained_project_moved_then_champion_resolves_and_generates(
 
     old, new = tmp_path / "old", tmp_path / "new"
     _training_project(old, tiny_model_dir)
+    isolated.delenv("CONDUCTOR_MODEL_CACHE", raising=False)  # the project's own copy
     isolated.chdir(old)
     bootstrap_project(old)
     before = datetime.now(UTC).replace(second=0, microsecond=0)
@@ -207,7 +213,7 @@ def test_trained_project_moved_then_champion_resolves_and_generates(
     isolated.chdir(new)
     adapter = Path(resolve_adapter("models:/conductor@champion"))
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == "data/06_models/tiny-llama"
+    assert config["base_model_name_or_path"] == DEFAULT_CACHE_RELATIVE.as_posix()
     base = new / config["base_model_name_or_path"]
     policy = LocalPolicy(model_dir=base, adapter_dir=adapter)
     completion = asyncio.run(
@@ -217,6 +223,10 @@ def test_trained_project_moved_then_champion_resolves_and_generates(
     )
     assert completion.text is not None
     assert not any(str(old) in loc for loc in _locations(new / "mlruns" / "mlflow.db"))
+    # nothing else names the old folder either: the run's tags, the logged model's MLmodel,
+    # the checkpoints' and SFT adapter's configs and model cards
+    mentions = old_path_mentions(new, old)
+    assert not mentions, "\n".join(mentions)
 
 
 def test_kedro_in_a_moved_project_opens_the_rerooted_experiment(tmp_path, isolated):

@@ -123,6 +123,8 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
     _run(project)
     info = json.loads((project / "data/08_reporting/evaluation_run_info.json").read_text())
     assert info["pairs_run"] == 0
+    # the result store named relative to the project (a moved project shows no old folder)
+    assert info["store"] == "data/07_model_output/evaluation/results.jsonl"
     # the hand-written pipeline's choice is in the run info: sim-sage (the dearest) checks
     assert set(info["handcrafted"]) == {"math", "logic"}
     assert all(checker == "sim-sage" for _, checker in info["handcrafted"].values())
