@@ -69,14 +69,18 @@ def pool_probes(pool: Any) -> list[Probe]:
 
 def mlflow_tracer(root: Path, experiment_name: str):
     """A ``tracer(result, tags) -> trace id`` writing to the project's MLflow store
-    (``MLFLOW_TRACKING_URI`` wins when set), in experiment ``experiment_name``."""
+    (``MLFLOW_TRACKING_URI`` wins when set), in experiment ``experiment_name``. An experiment
+    created in the project's own store keeps its artifacts under ``mlruns/artifacts``, also
+    when ``MLFLOW_TRACKING_URI`` names that store (the Makefile exports it)."""
     import mlflow
     from mlflow import MlflowClient
 
     from conductor_pipeline.paths import mlflow_tracking_uri
     from conductor_pipeline.tracing import log_orchestration_trace
 
-    project_store = not os.environ.get("MLFLOW_TRACKING_URI")
+    ours = mlflow_tracking_uri(root)
+    current = os.environ.get("MLFLOW_TRACKING_URI") or ours
+    project_store = current.rstrip("/") == ours
     if project_store:
         (root / "mlruns").mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(mlflow_tracking_uri(root))
