@@ -199,7 +199,7 @@ def test_the_summary_names_the_best_baseline_the_champion_and_the_reports(tmp_pa
     assert "version 3, was kept (accuracy drop 0.06 > 0.05)" in text
     assert "Training report: data/08_reporting/training_report.html\n" in text
     assert "Evaluation report: data/08_reporting/evaluation_report.html (not written)" in text
-    assert MLFLOW_UI_COMMAND in text
+    assert "MLflow UI: make mlflow  (then http://127.0.0.1:5000)" in text
 
     # the hand-written pipeline, when it is the best baseline, says it is told the domain
     told = tmp_path / "told"

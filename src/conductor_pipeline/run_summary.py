@@ -30,9 +30,9 @@ SUMMARY_FILES = {
 REGISTERED_DATASET = "conductor_model_version"
 DECISION_DATASET = "promotion_decision"
 UNKNOWN = "unknown"
-MLFLOW_UI_COMMAND = (
-    ".venv/bin/mlflow ui --backend-store-uri sqlite:///$PWD/mlruns/mlflow.db --port 5000"
-)
+# the project's store, offline, every process stopped by Ctrl-C (conductor_pipeline.mlflow_ui);
+# a bare `mlflow ui` would open ./mlflow.db instead
+MLFLOW_UI_COMMAND = "make mlflow"
 
 
 def _headline(summary_csv: Path) -> str:
