@@ -34,12 +34,12 @@ def test_shipped_profiles_validate(env):
 @pytest.mark.parametrize(
     ("params", "key"),
     [
-        ({"sed": 1}, "evaluation: unknown key"),
+        ({"sed": 1}, "evaluation: unknown key 'sed' \\(did you mean 'seed'\\?\\); known keys: "),
         ({"systems": ["conductor", "magic"]}, "evaluation.systems"),
         ({"systems": ["conductor+recursion"]}, "evaluation.systems"),
         ({"systems": ["router"]}, "evaluation.systems"),
         ({"moa": {"layers": 0}}, "evaluation.moa.layers"),
-        ({"moa": {"proposer": ["a"]}}, "evaluation.moa: unknown key"),
+        ({"moa": {"proposer": ["a"]}}, "evaluation.moa: unknown key 'proposer'"),
         ({"best_of_n": {"n": 0}}, "evaluation.best_of_n.n"),
         ({"test_per_domain": "all"}, "evaluation.test_per_domain"),
         ({"metrics": {"confidence": 1.5}}, "evaluation.metrics.confidence"),

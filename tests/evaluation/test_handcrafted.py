@@ -75,7 +75,10 @@ def test_settings_default_to_auto_and_read_a_mapping_with_a_default():
         ({"solvers": {"math": 1}}, "evaluation.handcrafted.solvers"),
         ({"checker": 5}, "evaluation.handcrafted.checker"),
         ({"checker": ""}, "evaluation.handcrafted.checker"),
-        ({"checkers": "ace"}, "evaluation.handcrafted: unknown key"),
+        (
+            {"checkers": "ace"},
+            "evaluation.handcrafted: unknown key 'checkers' \\(did you mean 'checker'",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(section, key):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from conductor_pipeline.config_checks import check_int
 from conductor_pipeline.evaluation import (
     CONDUCTOR_SYSTEMS,
     SYSTEM_KINDS,
@@ -17,7 +18,6 @@ from conductor_pipeline.evaluation.metrics import system_order
 from conductor_pipeline.evaluation.registry import (
     KINDS,
     SystemKind,
-    check_int,
     kind_of,
     register,
 )
@@ -44,7 +44,7 @@ class CheckedCheapest(Cheapest):
     """The same with its setting checked (the YAML's types are otherwise taken as they come)."""
 
     def parse(self, section):
-        return CheapestSettings(check_int(section.get("n", 3), "cheapest.n", minimum=1))
+        return CheapestSettings(check_int(section.get("n", 3), "evaluation.cheapest.n", minimum=1))
 
 
 @pytest.fixture(params=[Cheapest, CheckedCheapest])
@@ -98,7 +98,9 @@ def test_a_new_kind_is_listed_checked_and_run_from_its_yaml_entry(cheapest):
     if isinstance(cheapest, CheckedCheapest):
         with pytest.raises(ValueError, match=r"evaluation\.cheapest\.n"):
             EvaluationConfig.from_params({"cheapest": {"n": 0}})
-    with pytest.raises(ValueError, match=r"evaluation\.cheapest: unknown key"):
+    with pytest.raises(
+        ValueError, match=r"evaluation\.cheapest: unknown key 'samples'; known keys: n$"
+    ):
         EvaluationConfig.from_params({"cheapest": {"samples": 2}})
     config = EvaluationConfig.from_params({"systems": ["solo", "cheapest"], "cheapest": {"n": 2}})
     assert config.settings_of("cheapest") == CheapestSettings(n=2)

@@ -39,14 +39,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from conductor_pipeline.config_checks import check_int, check_keys
+
 # importing kinds registers the built-in system kinds
 from conductor_pipeline.evaluation import kinds as _kinds  # noqa: F401
-from conductor_pipeline.evaluation.registry import (
-    KINDS,
-    check_int,
-    check_number,
-    check_section,
-)
+from conductor_pipeline.evaluation.registry import KINDS, check_number, check_section
 
 # the system *kinds* a config may list (registry order); solo and best-of-n expand per worker
 SYSTEM_KINDS = tuple(KINDS)
@@ -119,7 +116,10 @@ def _conductor(params: Mapping[str, Any]) -> ConductorSettings:
 
     def positive(key: str, default: int | None) -> Any:
         return check_int(
-            section.get(key, default), f"conductor.{key}", minimum=1, allow_none=default is None
+            section.get(key, default),
+            f"evaluation.conductor.{key}",
+            minimum=1,
+            allow_none=default is None,
         )
 
     return ConductorSettings(
@@ -181,21 +181,23 @@ def _scalars(params: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError("evaluation.store: must be a file path")
     metrics = check_section(params, "metrics", {"bootstrap_samples", "confidence"})
     per_domain = {
-        key: check_int(params.get(key, default), key, minimum=1, allow_none=True)
+        key: check_int(params.get(key, default), f"evaluation.{key}", minimum=1, allow_none=True)
         for key, default in (("test_per_domain", 6), ("validation_per_domain", 4))
     }
     return {
         **per_domain,
-        "seed": check_int(params.get("seed", 0), "seed"),
+        "seed": check_int(params.get("seed", 0), "evaluation.seed"),
         "store": store,
-        "concurrency": check_int(params.get("concurrency", 8), "concurrency", minimum=1),
-        "infra_retries": check_int(params.get("infra_retries", 3), "infra_retries"),
+        "concurrency": check_int(params.get("concurrency", 8), "evaluation.concurrency", minimum=1),
+        "infra_retries": check_int(params.get("infra_retries", 3), "evaluation.infra_retries"),
         "retry_delay_s": check_number(params.get("retry_delay_s", 0.5), "retry_delay_s", 0, 60),
         "bootstrap_samples": check_int(
-            metrics.get("bootstrap_samples", 2000), "metrics.bootstrap_samples", minimum=100
+            metrics.get("bootstrap_samples", 2000),
+            "evaluation.metrics.bootstrap_samples",
+            minimum=100,
         ),
         "confidence": check_number(metrics.get("confidence", 0.95), "metrics.confidence", 0.5, 1),
-        "trace_sample": check_int(params.get("trace_sample", 5), "trace_sample"),
+        "trace_sample": check_int(params.get("trace_sample", 5), "evaluation.trace_sample"),
     }
 
 
@@ -234,11 +236,7 @@ class EvaluationConfig:
     def from_params(cls, params: Mapping[str, Any] | None) -> EvaluationConfig:
         params = dict(params or {})
         top = _GENERAL | {k.section for k in KINDS.values() if k.section is not None}
-        unknown = set(params) - top
-        if unknown:
-            raise ValueError(
-                f"evaluation: unknown key(s) {sorted(unknown)}; expected {sorted(top)}"
-            )
+        check_keys("evaluation", params, top)
         return cls(
             systems=_systems(params.get("systems", list(KINDS))),
             conductor=_conductor(params),

@@ -15,13 +15,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from conductor_pipeline.config_checks import check_int
 from conductor_pipeline.evaluation.fixed_workflows import HandcraftedSystem, RandomWorkflowSystem
 from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.evaluation.registry import (
     KINDS,
     RunContext,
     SystemKind,
-    check_int,
     check_names,
     check_worker,
     register,
@@ -177,7 +177,7 @@ class MoA(SystemKind):
             raise ValueError("evaluation.moa.aggregator: must be 'random' or a worker name")
         return MoASettings(
             proposers=check_names(section.get("proposers"), "moa.proposers"),
-            layers=check_int(section.get("layers", 1), "moa.layers", minimum=1),
+            layers=check_int(section.get("layers", 1), "evaluation.moa.layers", minimum=1),
             aggregator=aggregator,
         )
 
@@ -258,11 +258,11 @@ class BestOfN(SystemKind):
     def parse(self, section: dict[str, Any]) -> BestOfNSettings:
         n = section.get("n", "auto")
         if n != "auto":
-            check_int(n, "best_of_n.n", minimum=1)
+            check_int(n, "evaluation.best_of_n.n", minimum=1)
         return BestOfNSettings(
             worker=str(section.get("worker", "auto")),
             n=n,
-            max_n=check_int(section.get("max_n", 8), "best_of_n.max_n", minimum=1),
+            max_n=check_int(section.get("max_n", 8), "evaluation.best_of_n.max_n", minimum=1),
         )
 
     def systems(self, ctx: RunContext) -> list[System]:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.evaluation.systems import PoolView, System
 from conductor_pipeline.tasks import Task
@@ -35,19 +36,6 @@ UNRANKED = (99, 0)  # a system no kind claims sorts after every known one
 # ---------------------------------------------------------------------------------------
 # Checks that name the offending key (shared by the config and the kinds' settings)
 # ---------------------------------------------------------------------------------------
-
-
-def check_int(value: Any, key: str, *, minimum: int = 0, allow_none: bool = False) -> int | None:
-    """``value`` as an integer ``>= minimum`` (or ``None`` when allowed); a ``ValueError``
-    naming ``evaluation.<key>`` otherwise (a bool is not an integer here)."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(
-            f"evaluation.{key}: must be {kind}{' or null' if allow_none else ''}, got {value!r}"
-        )
-    return value
 
 
 def check_number(value: Any, key: str, low: float, high: float) -> float:
@@ -79,11 +67,7 @@ def check_section(params: Mapping[str, Any], name: str, allowed: set[str]) -> di
     section = params.get(name) or {}
     if not isinstance(section, Mapping):
         raise ValueError(f"evaluation.{name}: must be a mapping")
-    unknown = set(section) - allowed
-    if unknown:
-        raise ValueError(
-            f"evaluation.{name}: unknown key(s) {sorted(unknown)}; expected {sorted(allowed)}"
-        )
+    check_keys(f"evaluation.{name}", section, allowed)
     return dict(section)
 
 
