@@ -209,18 +209,55 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     }
 
 
-def test_catalog_and_workers_are_not_merged(tmp_path):
-    """Only parameters are soft-merged: gpu's worker pool replaces the sandbox's whole, and
-    the catalog (no gpu files) is base's, in gpu's own data tree (globals.yml data_root)."""
+def test_the_catalog_is_not_merged(tmp_path):
+    """The catalog (no gpu files) is base's, in gpu's own data tree (globals.yml data_root)."""
     conf = _copy_conf(tmp_path)
     # read before the next loader exists: the last one built answers every `${globals:}`
     base_catalog = dict(_loader(conf, "base")["catalog"])
-    gpu = _loader(conf, "gpu")
-    gpu_catalog = dict(gpu["catalog"])
+    gpu_catalog = dict(_loader(conf, "gpu")["catalog"])
     assert gpu_catalog.keys() == base_catalog.keys()
     assert json.loads(json.dumps(gpu_catalog).replace("data/gpu/", "data/")) == base_catalog
-    pool = gpu["workers"]["worker_pool"]
-    assert pool["kind"] == "configured" and "sandbox" not in pool
+
+
+# conf/gpu/workers.yml as loaded while it still repeated base's cache, usage log and faults
+GPU_WORKERS_BEFORE = REPO / "tests" / "fixtures" / "config" / "gpu_workers_before_soft_merge.json"
+
+
+def test_gpu_workers_are_unchanged_by_the_soft_merge(tmp_path):
+    """conf/gpu/workers.yml holds only what differs from base; merged, it is the pool it was
+    (configured, its own data tree, no sandbox section)."""
+    gpu = _loader(_copy_conf(tmp_path), "gpu")["workers"]
+    assert gpu == json.loads(GPU_WORKERS_BEFORE.read_text())
+    assert "sandbox" not in gpu["worker_pool"]
+
+
+def test_an_environment_overrides_single_worker_pool_leaves(tmp_path):
+    """conf/local/workers.yml sets one leaf and keeps the rest of base's pool; a list it sets
+    (the sandbox's workers) replaces base's."""
+    conf = _copy_conf(
+        tmp_path,
+        {"workers.yml": "worker_pool: {sandbox: {seed: 7, workers: [sim-sage]}}\n"},
+    )
+    base = _loader(conf, "base")["workers"]["worker_pool"]
+    local = _loader(conf, "local")["workers"]["worker_pool"]
+    assert local["sandbox"]["seed"] == 7 and local["sandbox"]["workers"] == ["sim-sage"]
+    assert {k: v for k, v in local["sandbox"].items() if k not in ("seed", "workers")} == {
+        k: v for k, v in base["sandbox"].items() if k not in ("seed", "workers")
+    }
+    assert {k: v for k, v in local.items() if k != "sandbox"} == {
+        k: v for k, v in base.items() if k != "sandbox"
+    }
+
+
+def test_a_local_configured_pool_drops_the_sandbox_section(tmp_path):
+    """An environment that switches the pool's kind keeps base's cache and faults, not the
+    other kind's section."""
+    local_pool = "worker_pool: {kind: configured, workers: [{name: w, model: openai/w}]}\n"
+    conf = _copy_conf(tmp_path, {"workers.yml": local_pool})
+    base = _loader(conf, "base")["workers"]["worker_pool"]
+    local = _loader(conf, "local")["workers"]["worker_pool"]
+    assert "sandbox" not in local and local["workers"] == [{"name": "w", "model": "openai/w"}]
+    assert local["cache"] == base["cache"] and local["faults"] == base["faults"]
 
 
 def test_an_environment_overrides_single_leaves(tmp_path):

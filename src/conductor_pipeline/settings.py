@@ -67,20 +67,28 @@ REPLACED_PARAMETERS: tuple[tuple[str, ...], ...] = (
     ("data_prep", "domain_quota"),
 )
 
+# The worker pool's section that only one kind reads: an environment that sets its own
+# ``worker_pool.kind`` drops the other kind's (gpu's configured pool keeps no sandbox section,
+# a local sandbox pool no configured worker list). Lists are replaced whole by a soft merge.
+POOL_KIND_SECTIONS = {"sandbox": "sandbox", "configured": "workers"}
+
 
 class ProfileConfigLoader(OmegaConfigLoader):
-    """Kedro's loader with the parameters of an environment soft-merged over conf/base
-    (``merge_strategy`` below): conf/gpu holds only the leaves that differ. At the paths of
-    ``REPLACED_PARAMETERS`` an environment that sets the mapping replaces it whole."""
+    """Kedro's loader with the parameters and the worker pool of an environment soft-merged
+    over conf/base (``merge_strategy`` below): conf/gpu holds only the leaves that differ. At
+    the paths of ``REPLACED_PARAMETERS`` an environment that sets the mapping replaces it
+    whole; a pool keeps only its own kind's section (``POOL_KIND_SECTIONS``)."""
 
     def _merge_configs(
         self, config: dict[str, Any], env_config: dict[str, Any], key: str, env_path: str
     ) -> Any:
         merged = super()._merge_configs(config, env_config, key, env_path)
-        if key != "parameters":
-            return merged
         if isinstance(env_config, DictConfig):
             env_config = OmegaConf.to_container(env_config)
+        if key == "workers":
+            return _own_kind_sections(merged)
+        if key != "parameters":
+            return merged
         for path in REPLACED_PARAMETERS:
             value: Any = env_config
             for part in path:
@@ -93,11 +101,21 @@ class ProfileConfigLoader(OmegaConfigLoader):
         return merged
 
 
+def _own_kind_sections(workers: dict[str, Any]) -> dict[str, Any]:
+    """The merged ``workers`` config without the pool section of a kind it is not."""
+    pool = workers.get("worker_pool")
+    if isinstance(pool, dict):
+        for kind, section in POOL_KIND_SECTIONS.items():
+            if pool.get("kind") != kind:
+                pool.pop(section, None)
+    return workers
+
+
 CONFIG_LOADER_CLASS = ProfileConfigLoader
 CONFIG_LOADER_ARGS = {
     "base_env": "base",
     "default_run_env": "local",
-    "merge_strategy": {"parameters": "soft"},
+    "merge_strategy": {"parameters": "soft", "workers": "soft"},
     "custom_resolvers": {"project_root": _project_root_resolver},
     "config_patterns": {
         "mlflow": ["mlflow*", "mlflow*/**"],
