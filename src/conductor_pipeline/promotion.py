@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.registry import registered_model
 
 CHAMPION, CHALLENGER = "champion", "challenger"
@@ -40,11 +41,7 @@ class Gates:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Gates:
-        unknown = set(params) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(
-                f"promotion.gates: unknown key(s) {sorted(unknown)}; expected {sorted(cls.__dataclass_fields__)}"
-            )
+        check_keys("promotion.gates", params, cls.__dataclass_fields__)
         return cls(**{k: float(v) for k, v in params.items()})
 
 

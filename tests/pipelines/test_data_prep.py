@@ -40,7 +40,7 @@ def good_params() -> dict:
         (lambda p: p["split_ratios"].pop("validation"), "data_prep.split_ratios"),
         (lambda p: p["split_ratios"].update(test=-0.25, train=1.0), "data_prep.split_ratios.test"),
         (lambda p: p["sources"].update(no_such_source={}), "data_prep.sources.no_such_source"),
-        (lambda p: p.update(sead=3), "data_prep: unknown key"),
+        (lambda p: p.update(sead=3), "data_prep: unknown key 'sead' \\(did you mean 'seed'"),
         (lambda p: p["domain_quota"].update(math=0), "data_prep.domain_quota.math"),
     ],
 )

@@ -116,5 +116,7 @@ def test_no_logged_questions_leaves_the_configured_tasks_as_they_are(root):
 
 
 def test_unknown_keys_are_named():
-    with pytest.raises(ValueError, match=r"retraining: unknown key\(s\) \['lokc'\]"):
+    with pytest.raises(
+        ValueError, match=r"retraining: unknown key 'lokc' \(did you mean 'lock'\?\)"
+    ):
         acquire_lock({"lokc": {}})

@@ -23,7 +23,13 @@ def test_profiles_validate(env, monkeypatch):
 
 
 def test_unknown_keys_are_named():
-    with pytest.raises(ValueError, match=r"promotion.gates: unknown key\(s\) \['min_parse'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"promotion\.gates: unknown key 'min_parse' \(did you mean 'min_parse_rate'\?\)",
+    ):
         promotion_settings({"gates": {"min_parse": 0.5}})
-    with pytest.raises(ValueError, match=r"reporting: unknown key\(s\) \['kernel'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"reporting: unknown key 'kernel' \(did you mean 'kernel_name'\?\); known keys: kernel_name,",
+    ):
         reporting_settings({"kernel": "python3"})

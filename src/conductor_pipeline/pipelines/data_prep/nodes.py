@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.pipelines.data_prep.preflight import SetupError
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.tasks.sources import SOURCES, load_source
@@ -27,11 +28,7 @@ _KNOWN_KEYS = {"seed", "sources", "domain_quota", "split_ratios"}
 
 def validate_params(params: dict[str, Any]) -> None:
     """Fail before any work with a message that names the offending ``data_prep`` key."""
-    unknown = set(params) - _KNOWN_KEYS
-    if unknown:
-        raise ValueError(
-            f"data_prep: unknown key(s) {sorted(unknown)}; expected {sorted(_KNOWN_KEYS)}"
-        )
+    check_keys("data_prep", params, _KNOWN_KEYS)
     if not isinstance(params.get("seed"), int):
         raise ValueError("data_prep.seed: must be an integer")
     sources = params.get("sources")

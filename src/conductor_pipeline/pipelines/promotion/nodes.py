@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from conductor_pipeline import promotion
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.promotion import Figures, Gates
 from conductor_pipeline.serving.models import PUBLIC_NAME
 
@@ -41,11 +42,7 @@ def _now() -> str:
 
 def _settings(params: dict[str, Any]) -> tuple[Gates, str, bool]:
     params = dict(params or {})
-    unknown = set(params) - _KNOWN_KEYS
-    if unknown:
-        raise ValueError(
-            f"promotion: unknown key(s) {sorted(unknown)}; expected {sorted(_KNOWN_KEYS)}"
-        )
+    check_keys("promotion", params, _KNOWN_KEYS)
     gates = Gates.from_params(dict(params.get("gates") or {}))
     return (
         gates,

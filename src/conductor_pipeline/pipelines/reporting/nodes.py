@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.paths import mlflow_tracking_uri, project_root
 from conductor_pipeline.reporting import execute_report
 
@@ -27,11 +28,7 @@ _KNOWN_KEYS = {"kernel_name", "timeout_s", "notebooks_dir", "output_dir", "rollo
 
 
 def _settings(params: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(params or {}) - _KNOWN_KEYS
-    if unknown:
-        raise ValueError(
-            f"reporting: unknown key(s) {sorted(unknown)}; expected {sorted(_KNOWN_KEYS)}"
-        )
+    check_keys("reporting", params or {}, _KNOWN_KEYS)
     root = project_root()
 
     def absolute(value: str | None, default: str) -> Path:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.paths import project_root
 from conductor_pipeline.run_lock import LockHeld, claim_lock, release_claim
 from conductor_pipeline.tasks import Task
@@ -36,11 +37,7 @@ class RetrainingLocked(LockHeld):
 
 def _settings(params: dict[str, Any]) -> dict[str, Any]:
     params = dict(params or {})
-    unknown = set(params) - _KNOWN_KEYS
-    if unknown:
-        raise ValueError(
-            f"retraining: unknown key(s) {sorted(unknown)}; expected {sorted(_KNOWN_KEYS)}"
-        )
+    check_keys("retraining", params, _KNOWN_KEYS)
     return params
 
 
