@@ -115,7 +115,10 @@ def test_traffic_joins_training_the_slice_is_kept_apart_and_a_rerun_is_unchanged
 
 
 def test_bad_source_settings_name_the_key(root):
-    with pytest.raises(ValueError, match=r"retraining_sources.traffic: unknown key"):
+    with pytest.raises(
+        ValueError,
+        match=r"retraining_sources\.traffic: unknown key 'enabeld' \(did you mean 'enabled'\?\)",
+    ):
         collect_retraining_sources(TRAIN, TEST, {}, {"traffic": {"enabeld": True}})
 
 

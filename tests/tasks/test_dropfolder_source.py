@@ -218,11 +218,14 @@ def test_shipped_settings_are_off_and_bad_ones_name_the_key():
             or settings.livecodebench.enabled
         )
     for params, phrase in [
-        ({"trafic": {}}, "retraining_sources: unknown key(s) ['trafic']"),
+        ({"trafic": {}}, "retraining_sources: unknown key 'trafic' (did you mean 'traffic'?)"),
         ({"traffic": {"enabled": "yes"}}, "retraining_sources.traffic.enabled"),
         ({"drop_folder": {"path": ""}}, "retraining_sources.drop_folder.path"),
         ({"drop_folder": {"start_date": "soon"}}, "retraining_sources.drop_folder.start_date"),
-        ({"livecodebench": {"windows": 1}}, "retraining_sources.livecodebench: unknown key(s)"),
+        (
+            {"livecodebench": {"windows": 1}},
+            "retraining_sources.livecodebench: unknown key 'windows'",
+        ),
         ({"watermarks": {"store": "redis"}}, "retraining_sources.watermarks.store"),
         ({"traffic": []}, "retraining_sources.traffic: must be a mapping"),
     ]:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
+
 __all__ = [
     "FULL_FINETUNE_LR",
     "SMOLLM2",
@@ -530,11 +532,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise TrainingConfigError(f"{where}: must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise TrainingConfigError(
-            f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})"
-        )
+    check_keys(where, data, fields, error=TrainingConfigError)
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         kwargs[name] = _coerce(hints[name], value, f"{where}.{name}")

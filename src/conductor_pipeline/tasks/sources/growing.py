@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.tasks.contamination import (
     DEFAULT_SIMILARITY_THRESHOLD,
     EvaluationIndex,
@@ -112,11 +113,7 @@ def _section(cls: type, params: Any, name: str) -> Any:
     if not isinstance(params, Mapping):
         raise ValueError(f"{_PREFIX}.{name}: must be a mapping")
     known = {f.name: f for f in fields(cls)}
-    unknown = set(params) - set(known)
-    if unknown:
-        raise ValueError(
-            f"{_PREFIX}.{name}: unknown key(s) {sorted(unknown)}; expected {sorted(known)}"
-        )
+    check_keys(f"{_PREFIX}.{name}", params, known)
     for key, value in params.items():
         default = known[key].default
         if isinstance(default, bool) and not isinstance(value, bool):
@@ -131,10 +128,7 @@ def _section(cls: type, params: Any, name: str) -> Any:
 def sources_settings(params: Mapping[str, Any] | None) -> SourcesSettings:
     """The ``retraining_sources`` mapping, validated; every error names the key."""
     params = dict(params or {})
-    known = {f.name for f in fields(SourcesSettings)}
-    unknown = set(params) - known
-    if unknown:
-        raise ValueError(f"{_PREFIX}: unknown key(s) {sorted(unknown)}; expected {sorted(known)}")
+    check_keys(_PREFIX, params, (f.name for f in fields(SourcesSettings)))
     settings = SourcesSettings(
         watermarks=_section(WatermarkSettings, params.get("watermarks"), "watermarks"),
         contamination=_section(ContaminationSettings, params.get("contamination"), "contamination"),
