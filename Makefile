@@ -92,7 +92,7 @@ lint: $(STAMP) ## ruff check and ruff format --check on src and tests
 docs: $(STAMP) ## Build the documentation site (site/) with warnings as errors
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# The short GPU check (README "GPU check"): one script, under 8 minutes, writes
+# The short GPU check (docs/gpu-profile.md, "GPU check"): one script, under 8 minutes, writes
 # data/08_reporting/gpu_check.json; exit 0 ok, 1 a section failed, 2 no CUDA, 3 over budget.
 # It needs no .venv: with none, python3 runs it with PYTHONPATH=src and only PyTorch,
 # Transformers and PEFT (TRL, vLLM, the SmolLM2 weights are used when present). Wheels in

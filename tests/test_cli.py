@@ -102,7 +102,8 @@ def test_an_unknown_question_gets_a_notice_on_stderr(project, monkeypatch, capsy
     assert cli.main(["ask", question]) == 0
     captured = capsys.readouterr()
     assert "not one of the sandbox's prepared tasks" in captured.err
-    assert "conductor ask --sample" in captured.err and "Adding a real provider" in captured.err
+    assert "conductor ask --sample" in captured.err
+    assert 'docs/sandbox.md, "Adding a real provider"' in captured.err
     assert "made up" in captured.err
     assert "Answer:" in captured.out and "prepared tasks" not in captured.out
 

@@ -131,6 +131,9 @@ def test_every_worker_problem_is_reported_once_and_no_key_is_shown(server):
     assert "WRONG_KEY" in by_worker["worker qwen-wrong-key"]
     assert "does not answer" in by_worker["worker r1"]
     assert "MISSING_OPENAI_KEY is not set" in by_worker["workers gpt-5, gpt-5-mini"]
+    # the fixes name the page that shows how to configure a provider
+    assert "docs/sandbox.md, 'Adding a real provider'" in by_worker["worker r1"]
+    assert "docs/sandbox.md, 'Adding a real provider'" in by_worker["workers gpt-5, gpt-5-mini"]
     assert "'anthropic' is not in" in by_worker["worker claude"]
     assert not any(p.startswith("worker qwen:") for p in problems)
 

@@ -351,6 +351,7 @@ def test_setup_errors_are_found_through_wrapping_and_name_their_fix():
     )
     assert key is not None and "OPENAI_API_KEY" in str(key)
     assert "conf/local/credentials.yml" in key.fix
+    assert "docs/sandbox.md, 'Adding a real provider'" in key.fix
     assert missing_key_error(WorkerConfigError("worker_pool.workers[0]: 'model' missing")) is None
 
 

@@ -104,8 +104,9 @@ def test_missing_vllm_fails_with_what_to_do(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
     )
-    with pytest.raises(PolicyServerError, match="gpu extra.*--policy-server local"):
+    with pytest.raises(PolicyServerError, match="gpu extra.*--policy-server local") as missing:
         ensure_vllm_available(VllmSettings())
+    assert "docs/serving.md, 'The GPU policy server'" in str(missing.value)
     with pytest.raises(PolicyServerError, match="not importable"):
         ensure_vllm_available(VllmSettings(launcher="module"))
     with pytest.raises(PolicyServerError, match="not found"):

@@ -111,7 +111,8 @@ def test_a_question_the_sandbox_does_not_know_is_marked(served):
     )
     warning = raw.headers.get("x-conductor-warning")
     assert warning and "not one of the sandbox's prepared tasks" in warning
-    assert "conductor ask --sample" in warning and "Adding a real provider" in warning
+    assert "conductor ask --sample" in warning
+    assert 'docs/sandbox.md, "Adding a real provider"' in warning
     record = raw.parse().model_extra["conductor"]
     assert record["simulated"] is True and record["sandbox_known_question"] is False
     assert record["warning"] == warning

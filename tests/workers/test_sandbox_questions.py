@@ -63,7 +63,7 @@ def test_recognise_on_the_index():
 
 def test_the_warning_names_what_to_do_and_fits_a_header():
     assert "conductor ask --sample" in UNKNOWN_QUESTION_WARNING
-    assert "Adding a real provider" in UNKNOWN_QUESTION_WARNING
+    assert 'docs/sandbox.md, "Adding a real provider"' in UNKNOWN_QUESTION_WARNING
     UNKNOWN_QUESTION_WARNING.encode("ascii")  # HTTP header values are latin-1
 
 

@@ -1,6 +1,6 @@
 """Serving the Conductor: the policy server launcher (vLLM on GPU, transformers in process on
 CPU) and the Conductor API, an OpenAI-compatible chat endpoint whose answers come from
-orchestrated workflows. ``conductor serve`` runs both; see README, "Serving".
+orchestrated workflows. ``conductor serve`` runs both; see docs/serving.md.
 
 Heavy modules (FastAPI, uvicorn, MLflow) load only when the app or server is used.
 """

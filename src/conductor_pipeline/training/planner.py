@@ -16,7 +16,7 @@ default. Subtasks are drawn from ``subtask_wordings`` wordings per role. One eac
 default, because the three lists must stay of equal length and a 135M model keeps count
 more easily when each entry has a fixed length: measured at temperature 1 after 100 SFT
 steps, one wording per role left 4.7 % of the samples with lists of unequal length, two
-14 %, four or five 23 % (README, "Training").
+14 %, four or five 23 % (docs/measurements.md, "What the warm start writes").
 
 The reply is a one-line reasoning that names the kind of question (its domain), then the
 three lists. The plan is written once, in the lists: a reasoning sentence that also spelled

@@ -35,7 +35,7 @@ __all__ = ["PROBE_MESSAGES", "check_worker_pool", "served_model_name"]
 PROBE_MESSAGES = [{"role": "user", "content": "Reply with the single word OK."}]
 _KEY_FIX = (
     "export it, or name an entry of conf/local/credentials.yml with credentials_key "
-    "(README 'Adding a real provider')"
+    "(docs/sandbox.md, 'Adding a real provider')"
 )
 
 
@@ -131,7 +131,7 @@ def _endpoint_problem(
             fix = f"set {source} to the key the server was started with"
         else:
             fix = (
-                f"start the server for {wanted} there (README 'Adding a real provider'), or "
+                f"start the server for {wanted} there (docs/sandbox.md, 'Adding a real provider'), or "
                 "correct api_base in the profile's workers.yml"
             )
         return f"{spec.api_base}:{why}", f"{where} {why}. Fix: {fix}"

@@ -114,7 +114,7 @@ class LocalPolicy:
         # forward passes (prompts included) of single requests and of batches
         self.prefix_hits = self.forward_passes = self.batch_forward_passes = 0
         # recent replies (token ids) that lookup decoding guesses from; they change how
-        # fast a reply is written; what it says only up to float rounding (README)
+        # fast a reply is written; what it says only up to float rounding (docs/serving.md)
         self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
         self._draw_pool: Any = None  # see _draw_threads
 

@@ -67,7 +67,7 @@ def missing_key_error(error: Exception) -> SetupError | None:
         return None
     return SetupError(
         f"a worker's API key is missing: {problem}",
-        "export that variable, or put the key in conf/local/credentials.yml (README "
+        "export that variable, or put the key in conf/local/credentials.yml (docs/sandbox.md, "
         "'Adding a real provider'); the CPU sandbox needs no key: `make run`",
     )
 

@@ -28,7 +28,7 @@ UNKNOWN_QUESTION_WARNING = (
     "This question is not one of the sandbox's prepared tasks. The simulated sim-* workers "
     "only know those, so their answer to it is made up. Ask a prepared question "
     "(`conductor ask --sample` draws one), or configure real workers "
-    '(README, "Adding a real provider").'
+    '(docs/sandbox.md, "Adding a real provider").'
 )
 
 
