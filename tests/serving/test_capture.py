@@ -93,7 +93,7 @@ def test_capture_is_off_in_every_shipped_profile():
 @pytest.mark.parametrize(
     "capture, phrase",
     [
-        ({"enabld": True}, "serving.capture: unknown key(s) ['enabld']"),
+        ({"enabld": True}, "serving.capture: unknown key 'enabld' (did you mean 'enabled'?)"),
         ({"enabled": "yes"}, "serving.capture.enabled"),
         ({"max_file_bytes": 10}, "serving.capture.max_file_bytes"),
         ({"keep_files": -1}, "serving.capture.keep_files"),

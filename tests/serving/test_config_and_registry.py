@@ -40,13 +40,13 @@ def test_serving_profiles_validate(env):
 @pytest.mark.parametrize(
     ("params", "phrase"),
     [
-        ({"hots": "x"}, "serving: unknown key"),
+        ({"hots": "x"}, "serving: unknown key 'hots' \\(did you mean 'host'\\?\\)"),
         ({"policy_server": "tgi"}, "serving.policy_server"),
         ({"max_concurrency": 0}, "serving.max_concurrency"),
         ({"request_timeout_s": 0}, "serving.request_timeout_s"),
-        ({"limits": {"max_step": 1}}, "serving.limits: unknown key"),
+        ({"limits": {"max_step": 1}}, "serving.limits: unknown key 'max_step'"),
         ({"limits": {"max_steps": -1}}, "serving.limits.max_steps"),
-        ({"vllm": {"port": 1, "gpus": 2}}, "serving.vllm: unknown key"),
+        ({"vllm": {"port": 1, "gpus": 2}}, "serving.vllm: unknown key 'gpus'"),
     ],
 )
 def test_bad_serving_settings_name_the_key(params, phrase):

@@ -85,7 +85,12 @@ def test_valid_bodies(body, expected):
             "'number'",
         ),
         ({"request_id": "r1", "verdict": "right", "verifier": "exact"}, "verifier", "only"),
-        ({"request_id": "r1", "verdict": "right", "answer": "42"}, "answer", "unknown field"),
+        (
+            {"request_id": "r1", "verdict": "right", "answer": "42"},
+            "answer",
+            "feedback: unknown key 'answer' (did you mean 'answer_format'?); known keys: "
+            "answer_format, comment, reference_answer, request_id, score, verdict, verifier",
+        ),
     ],
 )
 def test_bad_bodies_are_a_400_naming_the_field(body, param, phrase):
@@ -282,7 +287,7 @@ def test_a_second_store_follows_a_rotation_made_by_the_first(tmp_path):
     [
         ({"max_file_bytes": 10}, "feedback.max_file_bytes"),
         ({"max_records": None}, "feedback.max_records"),
-        ({"keep": 1}, "unknown key"),
+        ({"keep": 1}, "serving.capture.feedback: unknown key 'keep'"),
         ("big", "must be a mapping"),
     ],
 )

@@ -89,7 +89,7 @@ def test_the_key_goes_through_the_environment_never_argv(monkeypatch, adapter):
 
 
 def test_settings_are_validated():
-    with pytest.raises(ValueError, match="serving.vllm: unknown key"):
+    with pytest.raises(ValueError, match="serving.vllm: unknown key 'gpu'"):
         VllmSettings.from_mapping({"gpu": 1})
     with pytest.raises(ValueError, match="launcher"):
         VllmSettings(launcher="docker")

@@ -55,6 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.workflow.policy import JoiningRow, PolicyCompletion
 
 
@@ -89,12 +90,7 @@ class BatchingSettings:
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any] | None) -> BatchingSettings:
         params = dict(params or {})
-        known = {f.name for f in fields(cls)}
-        unknown = set(params) - known
-        if unknown:
-            raise ValueError(
-                f"serving.batching: unknown key(s) {sorted(unknown)}; expected {sorted(known)}"
-            )
+        check_keys("serving.batching", params, (f.name for f in fields(cls)))
         return cls(**params)
 
 

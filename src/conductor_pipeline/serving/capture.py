@@ -48,6 +48,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from conductor_pipeline.config_checks import check_int, check_keys
 from conductor_pipeline.serving.redaction import SecretMasker
 from conductor_pipeline.tasks.sources.traffic import (
     REQUESTS_STEM,
@@ -85,21 +86,16 @@ class FeedbackSettings:
     max_records: int = 20_000
 
     def __post_init__(self) -> None:
-        _check_int("feedback.max_file_bytes", self.max_file_bytes, minimum=1024)
-        _check_int("feedback.keep_files", self.keep_files, minimum=0)
-        _check_int("feedback.max_records", self.max_records, minimum=1)
+        check_int(self.max_file_bytes, "serving.capture.feedback.max_file_bytes", minimum=1024)
+        check_int(self.keep_files, "serving.capture.feedback.keep_files", minimum=0)
+        check_int(self.max_records, "serving.capture.feedback.max_records", minimum=1)
 
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any] | None) -> FeedbackSettings:
         if params is not None and not isinstance(params, Mapping):
             raise ValueError(f"serving.capture.feedback: must be a mapping, got {params!r}")
         params = dict(params or {})
-        unknown = set(params) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(
-                f"serving.capture.feedback: unknown key(s) {sorted(unknown)}; expected "
-                f"{sorted(f.name for f in fields(cls))}"
-            )
+        check_keys("serving.capture.feedback", params, (f.name for f in fields(cls)))
         return cls(**params)
 
 
@@ -125,10 +121,10 @@ class CaptureSettings:
                 )
         if not isinstance(self.path, str) or not self.path.strip():
             raise ValueError(f"serving.capture.path: must be a folder path, got {self.path!r}")
-        _check_int("max_file_bytes", self.max_file_bytes, minimum=1024)
-        _check_int("keep_files", self.keep_files, minimum=0)
+        check_int(self.max_file_bytes, "serving.capture.max_file_bytes", minimum=1024)
+        check_int(self.keep_files, "serving.capture.keep_files", minimum=0)
         if self.max_records is not None:
-            _check_int("max_records", self.max_records, minimum=1)
+            check_int(self.max_records, "serving.capture.max_records", minimum=1)
         if self.max_age_days is not None and (
             isinstance(self.max_age_days, bool)
             or not isinstance(self.max_age_days, int | float)
@@ -149,19 +145,9 @@ class CaptureSettings:
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any] | None) -> CaptureSettings:
         params = dict(params or {})
-        known = {f.name for f in fields(cls)}
-        unknown = set(params) - known
-        if unknown:
-            raise ValueError(
-                f"serving.capture: unknown key(s) {sorted(unknown)}; expected {sorted(known)}"
-            )
+        check_keys("serving.capture", params, (f.name for f in fields(cls)))
         feedback = FeedbackSettings.from_mapping(params.pop("feedback", None))
         return cls(**params, feedback=feedback)
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"serving.capture.{name}: must be an integer >= {minimum}, got {value!r}")
 
 
 def load_redactor(reference: str | None) -> Redactor | None:

@@ -53,6 +53,7 @@ from typing import Any, Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from conductor_pipeline.config_checks import unknown_keys_message
 from conductor_pipeline.serving.capture import (
     CaptureSettings,
     CaptureStore,
@@ -67,7 +68,6 @@ from conductor_pipeline.serving.errors import ApiError
 from conductor_pipeline.serving.redaction import SecretMasker
 from conductor_pipeline.tasks.sources.traffic import (
     FEEDBACK_STEM,
-    FEEDBACK_VERIFIERS,
     read_jsonl,
     read_records,
     reference_verifier,
@@ -149,12 +149,9 @@ def parse_feedback(body: Any) -> Feedback:
         named = _FIELD_PREFIX.match(message)
         if not location and named:  # a rule over several fields names the one at fault
             location, message = named[1], message[named.end() :]
-        if first["type"] == "extra_forbidden":
-            message = (
-                f"unknown field; accepted: request_id, {', '.join(_CHOICES)}, answer_format, "
-                f"verifier ({', '.join(FEEDBACK_VERIFIERS)}), comment"
-            )
         where = f"{location}: " if location else ""
+        if first["type"] == "extra_forbidden":  # the shared message names the field itself
+            where, message = "", unknown_keys_message("feedback", [location], Feedback.model_fields)
         raise ApiError(
             400, f"{where}{message}", param=location or None, code="invalid_feedback"
         ) from None

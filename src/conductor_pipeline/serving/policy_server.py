@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.serving.vllm_process import (
     describe_listener,
     port_in_use,
@@ -110,12 +111,7 @@ class VllmSettings:
 
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any]) -> VllmSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = set(params) - known
-        if unknown:
-            raise ValueError(
-                f"serving.vllm: unknown key(s) {sorted(unknown)}; expected {sorted(known)}"
-            )
+        check_keys("serving.vllm", params, (f.name for f in fields(cls)))
         try:
             return cls(**params)
         except TypeError as err:

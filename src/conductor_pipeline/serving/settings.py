@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.serving.batching import BatchingSettings
 from conductor_pipeline.serving.capture import CaptureSettings
 from conductor_pipeline.serving.policy_server import VllmSettings
@@ -109,18 +110,11 @@ def serving_settings(params: Mapping[str, Any] | None) -> ServingSettings:
     """``ServingSettings`` from the ``serving`` mapping; unknown keys and bad values raise
     ``ValueError`` naming the key."""
     params = dict(params or {})
-    known = {f.name for f in fields(ServingSettings)}
-    unknown = set(params) - known
-    if unknown:
-        raise ValueError(f"serving: unknown key(s) {sorted(unknown)}; expected {sorted(known)}")
+    check_keys("serving", params, (f.name for f in fields(ServingSettings)))
     limits = params.pop("limits", None) or {}
     if not isinstance(limits, Mapping):
         raise ValueError("serving.limits: must be a mapping")
-    unknown = set(limits) - set(_LIMIT_KEYS)
-    if unknown:
-        raise ValueError(
-            f"serving.limits: unknown key(s) {sorted(unknown)}; expected {list(_LIMIT_KEYS)}"
-        )
+    check_keys("serving.limits", limits, _LIMIT_KEYS)
     for key, value in limits.items():
         if value is not None and (isinstance(value, bool) or float(value) < 0):
             raise ValueError(f"serving.limits.{key}: must be >= 0 or null, got {value!r}")
