@@ -265,7 +265,9 @@ def test_the_gpu_profile_runs_the_preflight_and_the_sandbox_does_not():
     gpu = PreflightSettings.from_params(load_project_config("gpu").parameters["preflight"])
     sandbox = PreflightSettings.from_params(load_project_config().parameters["preflight"])
     assert gpu.enabled and not sandbox.enabled
-    with pytest.raises(ValueError, match="preflight.enable"):
+    with pytest.raises(
+        ValueError, match=r"preflight: unknown key 'enable' \(did you mean 'enabled'\?\)"
+    ):
         PreflightSettings.from_params({"enable": True})
 
 

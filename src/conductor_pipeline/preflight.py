@@ -26,6 +26,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
+
 __all__ = [
     "PreflightFailed",
     "PreflightSettings",
@@ -71,10 +73,7 @@ class PreflightSettings:
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | None) -> PreflightSettings:
         params = dict(params or {})
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"preflight.{unknown[0]}: unknown key (known: {sorted(known)})")
+        check_keys("preflight", params, cls.__dataclass_fields__)
         checks = tuple(params.pop("checks", CHECKS) or ())
         wrong = sorted(set(checks) - set(CHECKS))
         if wrong:

@@ -41,7 +41,10 @@ def configured(faults=None, num_retries: int = 2) -> dict:
 @pytest.mark.parametrize(
     ("faults", "message"),
     [
-        ({"rate": {"timeout": 0.1}}, r"worker_pool.faults: unknown key"),
+        (
+            {"rate": {"timeout": 0.1}},
+            r"worker_pool.faults: unknown key 'rate' \(did you mean 'rates'\?\)",
+        ),
         ({"level": "router"}, r"worker_pool.faults.level"),
         ({"seed": "seven", "rates": {"timeout": 0.1}}, r"worker_pool.faults.seed"),
         ({"rates": {"slow": 0.1}}, r"worker_pool.faults.rates: unknown failure kind 'slow'"),

@@ -64,9 +64,15 @@ def tasks_path(tmp_path) -> Path:
     ("config", "message"),
     [
         ({"kind": "magic"}, "worker_pool.kind"),
-        ({"kind": "sandbox", "sandbx": {}}, "worker_pool: unknown key"),
+        (
+            {"kind": "sandbox", "sandbx": {}},
+            r"worker_pool: unknown key 'sandbx' \(did you mean 'sandbox'\?\)",
+        ),
         ({"kind": "sandbox", "cache": {"mode": "sometimes"}}, "worker_pool.cache.mode"),
-        ({"kind": "sandbox", "sandbox": {"latency": 1}}, "worker_pool.sandbox: unknown key"),
+        (
+            {"kind": "sandbox", "sandbox": {"latency": 1}},
+            "worker_pool.sandbox: unknown key 'latency'",
+        ),
         ({"kind": "configured", "workers": []}, "worker_pool.workers"),
     ],
 )

@@ -174,7 +174,10 @@ def test_skill_lookup_falls_back(profiles):
 @pytest.mark.parametrize(
     ("edit", "needle"),
     [
-        (lambda d: d["simulated"][1].update(verfy_skill=0.5), "simulated[1].verfy_skill"),
+        (
+            lambda d: d["simulated"][1].update(verfy_skill=0.5),
+            "simulated[1]: unknown key 'verfy_skill'",
+        ),
         (
             lambda d: d["simulated"][0]["skill"]["math"].update(hard=1.5),
             "simulated[0].skill.math.hard",
@@ -182,7 +185,10 @@ def test_skill_lookup_falls_back(profiles):
         (lambda d: d["simulated"][2].pop("guess_rate"), "simulated[2].guess_rate"),
         (lambda d: d["simulated"][2].update(call_variation=2), "simulated[2].call_variation"),
         (lambda d: d["simulated"][0].update(name="oracle"), "simulated[0].name"),
-        (lambda d: d["simulated"][0]["latency"].update(median="1"), "simulated[0].latency.median"),
+        (
+            lambda d: d["simulated"][0]["latency"].update(median="1"),
+            "simulated[0].latency: unknown key 'median'",
+        ),
         (lambda d: d["real"][0].update(max_tokens=0), "real[0].max_tokens"),
         (lambda d: d["simulated"][1].update(name="sim-sage"), "declared twice"),
     ],

@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
+
 __all__ = ["Secret", "WorkerConfigError", "WorkerSpec", "load_worker_specs"]
 
 
@@ -204,11 +206,7 @@ def _parse_entry(
             f"{where}: key {secretish[0]!r} is not allowed: keep secrets out of workers.yml; "
             "use 'api_key_env' (an environment variable) or 'credentials_key' (credentials.yml)"
         )
-    unknown = sorted(set(entry) - _ALLOWED_KEYS)
-    if unknown:
-        raise WorkerConfigError(
-            f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_ALLOWED_KEYS))})"
-        )
+    check_keys(where, entry, _ALLOWED_KEYS, error=WorkerConfigError)
     for key in _STR_KEYS:
         value = entry.get(key)
         if value is not None and not isinstance(value, str):

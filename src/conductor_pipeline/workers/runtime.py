@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.workers.cache import ResponseCache
 from conductor_pipeline.workers.faults import FaultInjector, ProviderFaults, parse_fault_rates
 from conductor_pipeline.workers.pool import WorkerPool
@@ -74,11 +75,7 @@ _CACHE_MODES = ("read_write", "read_only", "off")
 
 
 def _check(config: Mapping[str, Any]) -> None:
-    unknown = set(config) - _POOL_KEYS
-    if unknown:
-        raise ValueError(
-            f"worker_pool: unknown key(s) {sorted(unknown)}; expected {sorted(_POOL_KEYS)}"
-        )
+    check_keys("worker_pool", config, _POOL_KEYS)
     kind = config.get("kind")
     if kind not in ("sandbox", "configured"):
         raise ValueError(f"worker_pool.kind: must be 'sandbox' or 'configured', got {kind!r}")
@@ -88,11 +85,7 @@ def _check(config: Mapping[str, Any]) -> None:
             f"worker_pool.cache.mode: must be one of {_CACHE_MODES}, got {cache.get('mode')!r}"
         )
     if kind == "sandbox":
-        unknown = set(config.get("sandbox") or {}) - _SANDBOX_KEYS
-        if unknown:
-            raise ValueError(
-                f"worker_pool.sandbox: unknown key(s) {sorted(unknown)}; expected {sorted(_SANDBOX_KEYS)}"
-            )
+        check_keys("worker_pool.sandbox", config.get("sandbox") or {}, _SANDBOX_KEYS)
     elif not config.get("workers"):
         raise ValueError("worker_pool.workers: a configured pool needs at least one worker entry")
     fault_settings(config)
@@ -122,11 +115,7 @@ def fault_settings(config: Mapping[str, Any]) -> FaultSettings:
         return FaultSettings()
     if not isinstance(section, Mapping):
         raise ValueError("worker_pool.faults: must be a mapping (level, seed, rates)")
-    unknown = set(section) - _FAULT_KEYS
-    if unknown:
-        raise ValueError(
-            f"worker_pool.faults: unknown key(s) {sorted(unknown)}; expected {sorted(_FAULT_KEYS)}"
-        )
+    check_keys("worker_pool.faults", section, _FAULT_KEYS)
     level = section.get("level") or "provider"
     if level not in FAULT_LEVELS:
         raise ValueError(f"worker_pool.faults.level: must be one of {FAULT_LEVELS}, got {level!r}")

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from conductor_pipeline.config_checks import is_int
 from conductor_pipeline.workers.pricing import TokenPrices, token_prices
 
 __all__ = [
@@ -203,7 +204,7 @@ def caller_limits(caller: Any, *, with_prices: bool = True) -> list[WorkerLimits
         if isinstance(specs, (list, tuple)):
             return [
                 WorkerLimits(
-                    _positive_int(getattr(s, "max_tokens", None)),
+                    _max_tokens(s),
                     _prices(s) if with_prices else None,
                 )
                 for s in specs
@@ -219,10 +220,9 @@ def caller_limits(caller: Any, *, with_prices: bool = True) -> list[WorkerLimits
     return None
 
 
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    return None
+def _max_tokens(spec: Any) -> int | None:
+    value = getattr(spec, "max_tokens", None)
+    return value if is_int(value, minimum=1) else None  # unset or unusable: no cap per call
 
 
 def _prices(spec: Any) -> TokenPrices | None:

@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.workflow.executor import Budget
 from conductor_pipeline.workflow.orchestrator import OrchestrationConfig
 from conductor_pipeline.workflow.policy import (
@@ -58,11 +59,7 @@ def _section(params: Mapping[str, Any], name: str) -> dict[str, Any]:
     section = params.get(name) or {}
     if not isinstance(section, Mapping):
         raise ValueError(f"conductor.{name}: must be a mapping")
-    unknown = set(section) - _SECTION_KEYS[name]
-    if unknown:
-        raise ValueError(
-            f"conductor.{name}: unknown key(s) {sorted(unknown)}; expected {sorted(_SECTION_KEYS[name])}"
-        )
+    check_keys(f"conductor.{name}", section, _SECTION_KEYS[name])
     return dict(section)
 
 
@@ -83,11 +80,7 @@ def prompt_config(section: Mapping[str, Any] | None) -> PromptConfig:
 
 def orchestration_config(params: Mapping[str, Any]) -> OrchestrationConfig:
     """``OrchestrationConfig`` from the ``conductor`` mapping; errors name the bad key."""
-    unknown = set(params) - _TOP_KEYS
-    if unknown:
-        raise ValueError(
-            f"conductor: unknown key(s) {sorted(unknown)}; expected {sorted(_TOP_KEYS)}"
-        )
+    check_keys("conductor", params, _TOP_KEYS)
     sampling, budget = (_section(params, name) for name in ("sampling", "budget"))
     _section(params, "policy")
     prompt = prompt_config(params.get("prompt"))

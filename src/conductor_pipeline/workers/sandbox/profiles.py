@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from conductor_pipeline.config_checks import check_keys
+
 SIM_PREFIX = "sim-"
 DEFAULT_DOMAIN = "default"
 DEFAULT_DIFFICULTY = "default"
@@ -109,10 +111,7 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 def _check_keys(
     data: Mapping[str, Any], where: str, required: set[str], optional: set[str]
 ) -> None:
-    for key in data:
-        if key not in required | optional:
-            allowed = ", ".join(sorted(required | optional))
-            raise ProfileError(f"{where}.{key}: unknown key (allowed: {allowed})")
+    check_keys(where, data, required | optional, error=ProfileError)
     for key in sorted(required):
         if key not in data:
             raise ProfileError(f"{where}.{key}: required key is missing")
