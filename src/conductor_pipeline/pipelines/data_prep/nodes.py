@@ -12,6 +12,7 @@ import pandas as pd
 from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.pipelines.data_prep.preflight import SetupError
 from conductor_pipeline.tasks import Task
+from conductor_pipeline.tasks.frames import tasks_from_frame, tasks_to_frame
 from conductor_pipeline.tasks.sources import SOURCES, load_source
 from conductor_pipeline.tasks.splits import (
     SPLIT_NAMES,
@@ -62,16 +63,6 @@ def validate_params(params: dict[str, Any]) -> None:
             )
 
 
-def _to_frame(tasks: list[Task]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [task.to_record() for task in tasks], columns=list(Task.__dataclass_fields__)
-    )
-
-
-def _from_frame(frame: pd.DataFrame) -> list[Task]:
-    return [Task.from_record(row) for row in frame.to_dict(orient="records")]
-
-
 def collect_tasks(params: dict[str, Any]) -> pd.DataFrame:
     """Load every configured source into one task table."""
     validate_params(params)
@@ -92,12 +83,12 @@ def collect_tasks(params: dict[str, Any]) -> pd.DataFrame:
             ) from err
         logger.info("source %s: %d tasks", name, len(loaded))
         tasks.extend(loaded)
-    return _to_frame(tasks)
+    return tasks_to_frame(tasks)
 
 
 def deduplicate_tasks(raw_tasks: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Drop repeated questions (normalised text) so that none can land in two splits."""
-    kept, dropped = deduplicate(_from_frame(raw_tasks))
+    kept, dropped = deduplicate(tasks_from_frame(raw_tasks))
     if dropped:
         logger.info("dropped %d duplicate questions", len(dropped))
     report = {
@@ -105,7 +96,7 @@ def deduplicate_tasks(raw_tasks: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, 
         "n_unique": len(kept),
         "dropped": [list(pair) for pair in dropped],
     }
-    return _to_frame(kept), report
+    return tasks_to_frame(kept), report
 
 
 def make_splits(
@@ -114,7 +105,7 @@ def make_splits(
     """Balance domains to their quota, then split with the configured ratios."""
     validate_params(params)
     balanced, balance_report = balance_domains(
-        _from_frame(unique_tasks), params.get("domain_quota") or {}, seed=params["seed"]
+        tasks_from_frame(unique_tasks), params.get("domain_quota") or {}, seed=params["seed"]
     )
     for domain, quota in (params.get("domain_quota") or {}).items():
         kept = balance_report.get(domain, {}).get("kept", 0)
@@ -122,7 +113,7 @@ def make_splits(
             logger.warning("domain %s: quota %d not met, %d tasks available", domain, quota, kept)
     splits = split_tasks(balanced, params["split_ratios"], seed=params["seed"])
     _check_disjoint(splits)
-    frames = tuple(_to_frame(splits[name]) for name in SPLIT_NAMES)
+    frames = tuple(tasks_to_frame(splits[name]) for name in SPLIT_NAMES)
     return (*frames, balance_report)
 
 

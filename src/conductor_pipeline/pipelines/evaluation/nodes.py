@@ -49,16 +49,13 @@ from conductor_pipeline.paths import project_relative, project_root
 from conductor_pipeline.promotion import CHAMPION
 from conductor_pipeline.registry import registered_model
 from conductor_pipeline.tasks import Task
+from conductor_pipeline.tasks.frames import tasks_from_frame
 
 logger = logging.getLogger(__name__)
 
 # where training puts the run's SFT-only adapter inside the trained one
 # (``training.grpo.WARM_START_DIR``, repeated here: importing the trainer costs seconds)
 WARM_START_DIR = "warm_start"
-
-
-def _tasks(frame: pd.DataFrame) -> list[Task]:
-    return [Task.from_record(row) for row in frame.to_dict(orient="records")]
 
 
 def _folder_digest(folder: str, *, skip: str | None = None) -> str:
@@ -414,7 +411,7 @@ def evaluation_questions(
             logger.info("evaluation: benchmark %s, %d questions", name, len(loaded))
             tasks.extend(loaded)
     else:
-        tasks = _tasks(test_tasks)
+        tasks = tasks_from_frame(test_tasks)
     seen = {
         normalise_question(q)
         for frame in (train_tasks, validation_tasks)
@@ -454,7 +451,7 @@ def run_evaluation(
     orchestration = orchestration_config(conductor_params)
     root = project_root()
     test = evaluation_questions(config, test_tasks, train_tasks, validation_tasks)
-    validation = select_tasks(_tasks(validation_tasks), config.validation_per_domain, config.seed)
+    validation = select_tasks(tasks_from_frame(validation_tasks), config.validation_per_domain, config.seed)
     candidate = (conductor_model_version or {}).get("model_uri")
     launch = contextlib.nullcontext()
     served_names: dict[str, str] = {}

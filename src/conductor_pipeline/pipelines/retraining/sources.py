@@ -20,7 +20,7 @@ import pandas as pd
 
 from conductor_pipeline.paths import project_root
 from conductor_pipeline.pipelines.retraining.watermarks import watermark_store
-from conductor_pipeline.tasks import Task
+from conductor_pipeline.tasks.frames import tasks_from_frame, tasks_to_frame
 from conductor_pipeline.tasks.sources.growing import (
     collect_sources,
     commit_all,
@@ -31,17 +31,8 @@ from conductor_pipeline.tasks.sources.traffic import slice_tasks
 
 logger = logging.getLogger(__name__)
 
-_COLUMNS = list(Task.__dataclass_fields__)
 # the systems measured on the slice: the version under test and the champion it may replace
 _SLICE_SYSTEMS = ["conductor", "champion"]
-
-
-def _frame(tasks: list[Task]) -> pd.DataFrame:
-    return pd.DataFrame([task.to_record() for task in tasks], columns=_COLUMNS)
-
-
-def _tasks(frame: pd.DataFrame) -> list[Task]:
-    return [Task.from_record(row) for row in frame.to_dict(orient="records")]
 
 
 def _slice_counts(evaluation: list[dict[str, Any]]) -> dict[str, Any]:
@@ -74,7 +65,7 @@ def collect_retraining_sources(
     if validation_tasks is not None:
         evaluation_questions["validation"] = validation_tasks["question"].astype(str).tolist()
     collected = collect_sources(settings, store, root=root, test_questions=evaluation_questions)
-    joined, left_out = join_training(_tasks(train_tasks), collected.tasks())
+    joined, left_out = join_training(tasks_from_frame(train_tasks), collected.tasks())
     evaluation_slice = slice_tasks(collected.evaluation)
     report = {
         **collected.report(),
@@ -94,7 +85,7 @@ def collect_retraining_sources(
             len(left_out),
             len(evaluation_slice),
         )
-    return _frame(joined), _frame(evaluation_slice), report
+    return tasks_to_frame(joined), tasks_to_frame(evaluation_slice), report
 
 
 def evaluate_traffic_slice(

@@ -33,6 +33,7 @@ from conductor_pipeline.registry import (
 )
 from conductor_pipeline.stage_process import run_in_own_process
 from conductor_pipeline.tasks import Task
+from conductor_pipeline.tasks.frames import tasks_from_frame
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import PoolInfo, train_conductor
 from conductor_pipeline.workers.config import WorkerConfigError
@@ -77,10 +78,6 @@ def _metrics_logger(run: tuple[str, str] | None) -> Callable[[dict[str, float], 
     return log
 
 
-def _tasks(frame: pd.DataFrame) -> list[Task]:
-    return [Task.from_record(row) for row in frame.to_dict(orient="records")]
-
-
 def _start_adapter(start_from: str | None, base_model: str) -> str | None:
     adapter = local_adapter(start_from, required=False)
     if start_from and adapter is None:
@@ -121,7 +118,7 @@ def train_conductor_node(
     ``sft/loss``).
     """
     config = TrainingConfig.from_params(params)
-    tasks = _tasks(train_tasks)
+    tasks = tasks_from_frame(train_tasks)
     start_adapter = _start_adapter(start_from, config.base_model)
     # a missing GPU or key: one message naming the fix, before any model is loaded
     check_gpu(["training.grpo.use_vllm"] if config.grpo.use_vllm else [])
