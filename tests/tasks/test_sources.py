@@ -488,7 +488,10 @@ def test_reasoning_gym_answer_with_only_an_example_solution_is_usable():
             {"basic_arithmetic": {"count": 2, "difficulty": "brutal"}},
             r"basic_arithmetic\.difficulty.*brutal",
         ),
-        ({"basic_arithmetic": {"count": 2, "colour": "red"}}, r"basic_arithmetic: unknown option"),
+        (
+            {"basic_arithmetic": {"count": 2, "colour": "red"}},
+            r"basic_arithmetic: unknown key 'colour'; known keys: answer_format, config, count,",
+        ),
         (
             {"basic_arithmetic": {"count": 2, "config": {"no_such_knob": 1}}},
             r"basic_arithmetic\.config.*accepts",
@@ -553,7 +556,7 @@ def test_load_source_dispatches_and_drops_the_seed_where_unused():
 def test_load_source_rejects_unknown_sources_and_options():
     with pytest.raises(ValueError, match=r"unknown task source 'mbpp'.*humaneval"):
         load_source("mbpp")
-    with pytest.raises(ValueError, match=r"'math500'.*unknown option.*'shots'"):
+    with pytest.raises(ValueError, match=r"source 'math500': unknown key 'shots'; known keys: "):
         load_source("math500", shots=5)
 
 

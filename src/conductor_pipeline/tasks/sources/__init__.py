@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.tasks.sources.benchmarks import (
     BENCHMARK_LOADERS,
     load_aime25,
@@ -47,12 +48,7 @@ def load_source(name: str, **options: Any) -> list[Task]:
     parameters = inspect.signature(loader).parameters
     if "seed" in options and "seed" not in parameters:
         options.pop("seed")
-    unknown = set(options) - set(parameters)
-    if unknown:
-        accepted = [p for p in parameters if p != "self"]
-        raise ValueError(
-            f"source {name!r}: unknown option(s) {sorted(unknown)}; it accepts {accepted}"
-        )
+    check_keys(f"source {name!r}", options, (p for p in parameters if p != "self"))
     return loader(**options)
 
 

@@ -64,6 +64,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from conductor_pipeline.config_checks import check_keys
 from conductor_pipeline.tasks.sources._common import (
     DIFFICULTIES,
     derived_seed,
@@ -122,11 +123,7 @@ def _load_one(name: str, spec: Mapping[str, Any], seed: int) -> list[Task]:
     where = f"reasoning_gym.datasets.{name}"
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where}: options must be a mapping, got {spec!r}")
-    unknown = set(spec) - _SPEC_KEYS
-    if unknown:
-        raise ValueError(
-            f"{where}: unknown option(s) {sorted(unknown)}; expected {sorted(_SPEC_KEYS)}"
-        )
+    check_keys(where, spec, _SPEC_KEYS)
 
     count = spec.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
