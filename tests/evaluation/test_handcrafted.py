@@ -13,7 +13,7 @@ from conductor_pipeline.evaluation import (
     evaluate,
     handcrafted_workflow,
 )
-from conductor_pipeline.evaluation.kinds import HandcraftedSettings
+from conductor_pipeline.evaluation.kinds import Handcrafted as HandcraftedSettings
 from conductor_pipeline.evaluation.metrics import system_order
 
 from .fakes import FakePool, make_tasks

@@ -1,23 +1,29 @@
 """The built-in system kinds: the Conductor models and the paper's baselines (§5).
 
-Each class is the whole of a kind: its ``evaluation.<section>`` settings and their checks,
-where its rows sort, and how it runs (:mod:`~conductor_pipeline.evaluation.registry`). A new
-baseline is one more registered class here plus its name in ``evaluation.systems``. The
-order of the classes is the default ``systems`` order and the Conductor kinds' report order.
+Each class is the whole of a kind: its ``evaluation.<section>`` settings (its own fields)
+and their checks, where its rows sort, and how it runs
+(:mod:`~conductor_pipeline.evaluation.registry`). A new baseline that answers questions
+itself is one registered :class:`~conductor_pipeline.evaluation.baseline.Baseline` class
+plus its name in ``evaluation.systems``. The order of the classes is the default ``systems``
+order and the Conductor kinds' report order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import field, replace
 from typing import Any, ClassVar
 
 from conductor_pipeline.config_checks import check_int
+from conductor_pipeline.evaluation.derived import (
+    derive_oracle,
+    derive_router,
+    mean_of,
+    route_by_domain,
+    scored,
+)
 from conductor_pipeline.evaluation.fixed_workflows import HandcraftedSystem, RandomWorkflowSystem
-from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.evaluation.registry import (
     KINDS,
     RunContext,
@@ -34,18 +40,6 @@ from conductor_pipeline.evaluation.systems import (
     System,
     fingerprint,
 )
-from conductor_pipeline.tasks import Task
-
-
-def _mean(values: Iterable[float]) -> float | None:
-    values = list(values)
-    return statistics.fmean(values) if values else None
-
-
-def _scored(rows: Iterable[QuestionResult]) -> list[QuestionResult]:
-    """The rows that count: infra-failed ones are neither right nor wrong."""
-    return [r for r in rows if not r.infra_failure]
-
 
 # ---------------------------------------------------------------------------------------
 # The Conductor models: one kind per model under test, all prompted alike
@@ -160,22 +154,18 @@ class Solo(SystemKind):
         )
 
 
-@dataclass(frozen=True)
-class MoASettings:
+@register
+class MoA(SystemKind):
+    name, rank = "moa", (4, 0)
     proposers: list[str] | None = None  # None: every worker
     layers: int = 1
     aggregator: str = "random"  # "random" (seeded per question, among the proposers) or a name
 
-
-@register
-class MoA(SystemKind):
-    name, rank, section, Settings = "moa", (4, 0), "moa", MoASettings
-
-    def parse(self, section: dict[str, Any]) -> MoASettings:
+    def parse(self, section: dict[str, Any]) -> MoA:
         aggregator = section.get("aggregator", "random")
         if not isinstance(aggregator, str) or not aggregator:
             raise ValueError("evaluation.moa.aggregator: must be 'random' or a worker name")
-        return MoASettings(
+        return MoA(
             proposers=check_names(section.get("proposers"), "moa.proposers"),
             layers=check_int(section.get("layers", 1), "evaluation.moa.layers", minimum=1),
             aggregator=aggregator,
@@ -195,30 +185,25 @@ class MoA(SystemKind):
         return [moa]
 
 
-@dataclass(frozen=True)
-class RandomWorkflowSettings:
-    workers: list[str] | None = None  # None: every worker
-
-
 @register
 class RandomWorkflow(SystemKind):
     """Random workflows as long, on average, as the Conductor's."""
 
     name, rank, phase = "random-workflow", (5, 0), "sized"
-    section, Settings = "random_workflow", RandomWorkflowSettings
     needs, needs_reason = (
         "conductor",
         "is sized from the conductor's results; list conductor as well",
     )
+    workers: list[str] | None = None  # None: every worker
 
-    def parse(self, section: dict[str, Any]) -> RandomWorkflowSettings:
-        return RandomWorkflowSettings(
-            check_names(section.get("workers"), "random_workflow.workers")
+    def parse(self, section: dict[str, Any]) -> RandomWorkflow:
+        return RandomWorkflow(
+            workers=check_names(section.get("workers"), "random_workflow.workers")
         )
 
     def systems(self, ctx: RunContext) -> list[System]:
         lengths = [r.n_steps for r in ctx.results.get("conductor", []) if r.n_steps]
-        mean_steps = _mean(lengths) or 1.0
+        mean_steps = mean_of(lengths) or 1.0
         ctx.info["random_workflow_mean_steps"] = mean_steps
         if not lengths:
             ctx.info["random_workflow_note"] = "the conductor wrote no workflow; length 1 used"
@@ -237,29 +222,24 @@ class RandomWorkflow(SystemKind):
         return [system]
 
 
-@dataclass(frozen=True)
-class BestOfNSettings:
-    worker: str = "auto"  # auto: the most expensive worker (by its prices)
-    n: int | str = "auto"  # auto: matched to the Conductor's mean cost per question
-    max_n: int = 8
-
-
 @register
 class BestOfN(SystemKind):
     """``n`` samples of one worker and a majority vote, ``n`` matched to the Conductor's cost."""
 
     name, rank, phase, per_worker = "best-of-n", (6, 0), "sized", True
-    section, Settings = "best_of_n", BestOfNSettings
     needs, needs_reason = (
         "conductor",
         "is sized from the conductor's results; list conductor as well",
     )
+    worker: str = "auto"  # auto: the most expensive worker (by its prices)
+    n: int | str = "auto"  # auto: matched to the Conductor's mean cost per question
+    max_n: int = 8
 
-    def parse(self, section: dict[str, Any]) -> BestOfNSettings:
+    def parse(self, section: dict[str, Any]) -> BestOfN:
         n = section.get("n", "auto")
         if n != "auto":
             check_int(n, "evaluation.best_of_n.n", minimum=1)
-        return BestOfNSettings(
+        return BestOfN(
             worker=str(section.get("worker", "auto")),
             n=n,
             max_n=check_int(section.get("max_n", 8), "evaluation.best_of_n.max_n", minimum=1),
@@ -288,8 +268,8 @@ def _strongest_worker(ctx: RunContext) -> int:
         )
 
     def accuracy(i: int) -> float:  # no prices: the best on the validation questions
-        rows = _scored(ctx.validation_results.get(f"solo:{pool.names[i]}", []))
-        return _mean(r.correct for r in rows) or 0.0
+        rows = scored(ctx.validation_results.get(f"solo:{pool.names[i]}", []))
+        return mean_of(r.correct for r in rows) or 0.0
 
     return max(range(len(pool.names)), key=accuracy)
 
@@ -303,8 +283,8 @@ def best_of_n_system(ctx: RunContext) -> BestOfNSystem:
     if settings.n != "auto":
         n, note = int(settings.n), f"n={settings.n} (configured)"
     else:
-        conductor_cost = _mean(r.cost_usd for r in _scored(ctx.results.get("conductor", [])))
-        solo_cost = _mean(r.cost_usd for r in _scored(ctx.results.get(f"solo:{name}", [])))
+        conductor_cost = mean_of(r.cost_usd for r in scored(ctx.results.get("conductor", [])))
+        solo_cost = mean_of(r.cost_usd for r in scored(ctx.results.get(f"solo:{name}", [])))
         if conductor_cost and solo_cost:
             ratio = conductor_cost / solo_cost
             n = min(max(round(ratio), 1), settings.max_n)
@@ -323,22 +303,18 @@ def best_of_n_system(ctx: RunContext) -> BestOfNSystem:
 _FROM_SOLO = "is derived from the solo results; list solo as well"
 
 
-@dataclass(frozen=True)
-class RouterSettings:
-    workers: list[str] | None = None  # the candidates; None: every worker
-
-
 def _router_candidates(ctx: RunContext) -> list[str]:
     return ctx.settings("router").workers or list(ctx.pool.names)
 
 
 @register
 class Router(SystemKind):
-    name, rank, phase, section, Settings = "router", (7, 0), "derived", "router", RouterSettings
+    name, rank, phase = "router", (7, 0), "derived"
     needs, needs_reason = "solo", _FROM_SOLO
+    workers: list[str] | None = None  # the candidates; None: every worker
 
-    def parse(self, section: dict[str, Any]) -> RouterSettings:
-        return RouterSettings(check_names(section.get("workers"), "router.workers"))
+    def parse(self, section: dict[str, Any]) -> Router:
+        return Router(workers=check_names(section.get("workers"), "router.workers"))
 
     def fitted_workers(self, ctx: RunContext) -> list[str]:
         return _router_candidates(ctx)
@@ -354,17 +330,6 @@ class Router(SystemKind):
         )
 
 
-@dataclass(frozen=True)
-class HandcraftedSettings:
-    # domain -> worker name or "auto" (the router's pick among its candidates other than the
-    # checker); "default": every unlisted domain. Empty (``solvers: auto``): auto everywhere
-    solvers: dict[str, str] = field(default_factory=dict)
-    checker: str = "auto"  # auto: the strongest worker (as best-of-n picks it)
-
-    def solver(self, domain: str) -> str:
-        return self.solvers.get(domain, self.solvers.get("default", "auto"))
-
-
 @register
 class Handcrafted(SystemKind):
     """The paper's foil, a rigid hand-written pipeline that is *told* each question's domain
@@ -373,11 +338,18 @@ class Handcrafted(SystemKind):
     (:func:`handcrafted_choice` says who is which). Phase ``workers``, registered after
     ``solo``: it reads solo's validation answers."""
 
-    name, rank, section, Settings = "handcrafted", (7, 1), "handcrafted", HandcraftedSettings
+    name, rank = "handcrafted", (7, 1)
     needs, needs_reason = "solo", "picks its solvers from the solo results; list solo as well"
     label_note = "told the domain"
+    # domain -> worker name or "auto" (the router's pick among its candidates other than the
+    # checker); "default": every unlisted domain. Empty (``solvers: auto``): auto everywhere
+    solvers: dict[str, str] = field(default_factory=dict)
+    checker: str = "auto"  # auto: the strongest worker (as best-of-n picks it)
 
-    def parse(self, section: dict[str, Any]) -> HandcraftedSettings:
+    def solver(self, domain: str) -> str:
+        return self.solvers.get(domain, self.solvers.get("default", "auto"))
+
+    def parse(self, section: dict[str, Any]) -> Handcrafted:
         solvers = section.get("solvers", "auto")
         if solvers == "auto":
             solvers = {}
@@ -395,7 +367,7 @@ class Handcrafted(SystemKind):
             raise ValueError(
                 f"evaluation.handcrafted.checker: must be 'auto' or a worker name, got {checker!r}"
             )
-        return HandcraftedSettings(solvers=dict(solvers), checker=checker)
+        return Handcrafted(solvers=dict(solvers), checker=checker)
 
     def _auto_domains(self, ctx: RunContext) -> list[str]:
         settings = ctx.settings(self.name)
@@ -450,85 +422,3 @@ class Oracle(SystemKind):
     async def run(self, ctx: RunContext) -> None:
         solos = [ctx.results[f"solo:{name}"] for name in ctx.pool.names]
         ctx.results["oracle"] = derive_oracle(solos, ctx.pool_id)
-
-
-def route_by_domain(
-    validation_results: Mapping[str, list[QuestionResult]],
-    candidates: Sequence[str],
-    domains: Iterable[str],
-) -> dict[str, str]:
-    """Per domain, the candidate with the best validation accuracy in that domain (ties:
-    the cheaper; a domain absent from validation: the best overall). Infra-failed validation
-    answers say nothing about a worker and are left out."""
-
-    def rank(rows: list[QuestionResult]) -> tuple[float, float]:
-        return (_mean(r.correct for r in rows) or 0.0, -(_mean(r.cost_usd for r in rows) or 0.0))
-
-    overall = {w: _scored(validation_results.get(f"solo:{w}", [])) for w in candidates}
-    default = max(candidates, key=lambda w: rank(overall[w]))
-    choice: dict[str, str] = {}
-    for domain in sorted(set(domains)):
-        rows = {w: [r for r in overall[w] if r.domain == domain] for w in candidates}
-        if any(rows.values()):
-            choice[domain] = max(candidates, key=lambda w: rank(rows[w]))
-        else:
-            choice[domain] = default
-    return choice
-
-
-def derive_router(
-    results: dict[str, list[QuestionResult]],
-    validation_results: dict[str, list[QuestionResult]],
-    candidates: Sequence[str],
-    test_tasks: Sequence[Task],
-    pool_id: str,
-    info: dict[str, Any],
-) -> list[QuestionResult]:
-    """One worker per domain (:func:`route_by_domain`); each test answer is that worker's
-    solo answer."""
-    choice = route_by_domain(validation_results, candidates, (t.domain for t in test_tasks))
-    info["router"] = choice
-    variant = fingerprint("router", pool_id, choice)
-    by_system = {name: {r.question_id: r for r in rows} for name, rows in results.items()}
-    routed = []
-    for task in test_tasks:
-        worker = choice[task.domain]
-        source = by_system[f"solo:{worker}"][task.id]
-        row = replace(source, system="router", variant=variant, note=f"routed to {worker}")
-        row.detail = {"routed_to": worker, **source.detail}
-        routed.append(row)
-    return routed
-
-
-def derive_oracle(
-    solo_results: Sequence[list[QuestionResult]], pool_id: str
-) -> list[QuestionResult]:
-    """Per question: right if any solo worker was right; charged like the cheapest right
-    worker (the cheapest worker when none was right). Infra-failed when any solo row of the
-    question is: the missing answer could have changed the cost charged, or the verdict."""
-    by_question: dict[str, list[QuestionResult]] = defaultdict(list)
-    order: list[str] = []
-    for rows in solo_results:
-        for r in rows:
-            if r.question_id not in by_question:
-                order.append(r.question_id)
-            by_question[r.question_id].append(r)
-    variant = fingerprint(
-        "oracle", pool_id, sorted({r.system for rows in solo_results for r in rows})
-    )
-    out = []
-    for qid in order:
-        rows = by_question[qid]
-        right = [r for r in rows if r.correct]
-        chosen = min(right or rows, key=lambda r: r.cost_usd)
-        row = replace(
-            chosen,
-            system="oracle",
-            variant=variant,
-            correct=bool(right),
-            infra_failure=any(r.infra_failure for r in rows),
-            note=f"charged as {chosen.system}",
-        )
-        row.detail = {"right": [r.system for r in right], "charged_as": chosen.system}
-        out.append(row)
-    return out

@@ -20,10 +20,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.evaluation.kind_settings import (
+    declares_fields,
+    make_declared,
+    read_declared,
+)
 from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.evaluation.systems import PoolView, System
 from conductor_pipeline.tasks import Task
@@ -123,9 +128,13 @@ class SystemKind:
     override ``systems`` (or ``run`` for a kind that does more than run its systems on the
     test questions); :func:`register` makes it known everywhere.
 
-    ``section``/``Settings``: the YAML key under ``evaluation`` and the frozen dataclass it
-    is read into (``parse`` checks it; the default accepts the dataclass's own fields as
-    they are). ``needs``/``needs_reason``: a kind this one cannot run without, and why.
+    Settings: annotated fields with defaults in the class body (``n: int = 3``) make the
+    kind a dataclass of them, read from ``evaluation.<name, - as _>`` and type-checked
+    (:mod:`~conductor_pipeline.evaluation.kind_settings`); ``validate`` adds checks of its
+    own and ``ctx.settings(name)`` is the configured kind. Or, explicitly, ``section``/
+    ``Settings``: the YAML key under ``evaluation`` and the frozen dataclass it is read into
+    (the default ``parse`` accepts its fields as they are). The class attributes below are
+    set unannotated. ``needs``/``needs_reason``: a kind this one cannot run without, and why.
     ``rank``: where its rows sort in tables (lower first). ``per_worker``: its systems are
     named ``<name>:<worker>``. ``writes_workflows``: a Conductor model (reported as one).
     ``label_note``: a few words reports add to its name (``handcrafted (told the domain)``).
@@ -142,9 +151,32 @@ class SystemKind:
     writes_workflows: ClassVar[bool] = False
     label_note: ClassVar[str | None] = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not declares_fields(cls):
+            return
+        make_declared(cls)
+        taken = {f.name for f in fields(cls)} & set(SystemKind.__annotations__)
+        if taken:
+            raise TypeError(f"{cls.__name__}: set {sorted(taken)} unannotated, not as fields")
+        cls.Settings = cls
+        if "section" not in cls.__dict__:
+            cls.section = cls.name.replace("-", "_")
+
     def parse(self, section: dict[str, Any]) -> Any:
-        """The settings from the YAML section (unknown keys already refused)."""
-        return self.Settings(**section) if self.Settings is not None else None
+        """The settings from the YAML section (unknown keys already refused): a kind that
+        declares its settings as fields, configured (type-checked, then ``validate``)."""
+        if self.Settings is None:
+            return None
+        if not isinstance(self, self.Settings):
+            return self.Settings(**section)
+        configured = type(self)(**read_declared(type(self), section, f"evaluation.{self.section}"))
+        configured.validate()
+        return configured
+
+    def validate(self) -> None:
+        """Checks of declared settings beyond their types (a ``ValueError`` naming
+        ``evaluation.<section>.<field>``), on the configured kind."""
 
     def claims(self, system: str) -> bool:
         """Whether a result row's ``system`` name belongs to this kind."""
