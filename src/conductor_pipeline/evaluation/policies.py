@@ -16,10 +16,9 @@ without changing what the Conductor writes:
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from typing import Any
 
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.workflow import PolicyCompletion
 
 
@@ -107,9 +106,7 @@ class SharedSamples:
     async def complete(
         self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
     ) -> PolicyCompletion:
-        key = hashlib.sha256(
-            json.dumps([messages, temperature, max_tokens, seed], sort_keys=True).encode()
-        ).hexdigest()
+        key = content_hash([messages, temperature, max_tokens, seed], length=64)
         future = self._samples.get(key)
         if future is not None and not (
             future.done() and (future.cancelled() or future.exception() is not None)

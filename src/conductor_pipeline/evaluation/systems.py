@@ -21,16 +21,15 @@ results, and say when and with which settings each system runs.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conductor_pipeline.evaluation.records import QuestionResult
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.tasks import Task, verify
 from conductor_pipeline.tasks.answer_extraction import extract_final_answer
 from conductor_pipeline.workers.pricing import pool_token_prices
@@ -39,15 +38,9 @@ from conductor_pipeline.workflow import OrchestrationConfig, orchestrate
 
 
 def fingerprint(*parts: Any) -> str:
-    """A short stable hash of ``parts`` (dataclasses included), for result variants."""
-
-    def plain(value: Any) -> Any:
-        if is_dataclass(value) and not isinstance(value, type):
-            return asdict(value)
-        return str(value)
-
-    text = json.dumps(parts, sort_keys=True, default=plain)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+    """A result variant: the content hash of ``parts`` (dataclasses included), in the
+    encoding stored results are keyed by."""
+    return content_hash(list(parts), spaced=True)
 
 
 # ---------------------------------------------------------------------------------------

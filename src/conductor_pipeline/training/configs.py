@@ -25,7 +25,6 @@ The prompt is not here: training writes its prompts from ``conductor.prompt``
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import types
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.hashing import content_hash
 
 __all__ = [
     "FULL_FINETUNE_LR",
@@ -393,13 +393,7 @@ class TrainingConfig:
             data.pop(key, None)
         for key in self._OPERATIONAL_GRPO:
             data["grpo"].pop(key, None)
-        return stable_hash(data)
-
-
-def stable_hash(data: Any, length: int = 12) -> str:
-    """sha256 of the canonical JSON of ``data``, shortened."""
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+        return content_hash(data)
 
 
 # -- TRL and PEFT arguments ----------------------------------------------------------------

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.distributed import is_main_process, wait_for_everyone
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.registry import portable_adapter
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.artifacts import (
@@ -58,7 +59,6 @@ from conductor_pipeline.training.configs import (
     TrainingConfig,
     grpo_args,
     lora_config,
-    stable_hash,
 )
 from conductor_pipeline.training.inputs import PoolInfo, build_prompt_dataset, data_version
 from conductor_pipeline.training.models import (
@@ -191,13 +191,13 @@ def _open_run(
     train_tasks = list(tasks)
     fingerprints = {
         "config": config.fingerprint(),
-        "prompt": stable_hash(prompt),
+        "prompt": content_hash(prompt),
         "start_adapter": adapter_hash(Path(start_adapter)) if start_adapter else None,
         "data": data_version(train_tasks),
         "pool": pool.fingerprint(),
         "base_model": config.base_model,
     }
-    run_fp = stable_hash(fingerprints)
+    run_fp = content_hash(fingerprints)
     run_dir = Path(output_dir or config.output_dir) / "runs" / run_fp
     run_dir.mkdir(parents=True, exist_ok=True)
     # several processes (accelerate launch): the main one writes the run's files

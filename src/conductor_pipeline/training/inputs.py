@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.tasks import Task
-from conductor_pipeline.training.configs import TrainingConfig, stable_hash
+from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.rewards import task_columns
 from conductor_pipeline.workers.local_model import encode_chat
 from conductor_pipeline.workers.pricing import pool_token_prices
@@ -40,13 +41,13 @@ class PoolInfo:
     def fingerprint(self) -> str:
         """Hash of worker names and prices (never endpoints or keys)."""
         prices = [list(p) if p else None for p in self.prices]
-        return stable_hash({"names": self.names, "prices": prices})
+        return content_hash({"names": self.names, "prices": prices})
 
 
 def data_version(tasks: Sequence[Task]) -> str:
     """Hash of the train split's content (ids, questions, answers, verifiers)."""
     rows = sorted((t.id, t.question, t.answer, t.verifier) for t in tasks)
-    return stable_hash(rows)
+    return content_hash(rows)
 
 
 def interleave_domains(rows: Sequence[dict[str, Any]], *, seed: int) -> list[dict[str, Any]]:
