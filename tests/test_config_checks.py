@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -65,6 +66,7 @@ def test_an_integer_at_or_above_the_minimum_is_returned(value):
         (0, 1, "evaluation.seed: must be a positive integer, got 0"),
         (None, 1, "evaluation.seed: must be a positive integer, got None"),
         (512, 1024, "evaluation.seed: must be an integer >= 1024, got 512"),
+        (2.5, None, "evaluation.seed: must be an integer, got 2.5"),
     ],
 )
 def test_anything_else_is_refused_naming_the_key(value, minimum, expected):
@@ -72,6 +74,11 @@ def test_anything_else_is_refused_naming_the_key(value, minimum, expected):
         check_int(value, "evaluation.seed", minimum=minimum)
     assert str(err.value) == expected
     assert not is_int(value, minimum=minimum)
+
+
+def test_without_a_minimum_any_integer_passes():
+    assert check_int(-7, "worker_pool.faults.seed", minimum=None) == -7
+    assert is_int(-7, minimum=None) and not is_int(False, minimum=None)
 
 
 def test_none_passes_only_where_allowed_and_the_message_says_so():
@@ -92,3 +99,55 @@ def test_the_module_imports_neither_kedro_nor_mlflow():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def _validators():
+    from conductor_pipeline.evaluation.config import EvaluationConfig
+    from conductor_pipeline.pipelines.data_prep.nodes import validate_params
+    from conductor_pipeline.preflight import PreflightSettings
+    from conductor_pipeline.promotion import Gates
+    from conductor_pipeline.serving.settings import serving_settings
+    from conductor_pipeline.tasks.sources.growing import sources_settings
+    from conductor_pipeline.training.configs import TrainingConfig
+    from conductor_pipeline.workers.runtime import fault_settings
+    from conductor_pipeline.workflow.config import orchestration_config
+
+    return [
+        (EvaluationConfig.from_params, {"sed": 1}, "evaluation: unknown key 'sed'"),
+        (TrainingConfig.from_params, {"lora": {"rank": 8}}, "training.lora: unknown key 'rank'"),
+        (Gates.from_params, {"min_parse": 0.5}, "promotion.gates: unknown key 'min_parse'"),
+        (validate_params, {"sead": 3}, "data_prep: unknown key 'sead'"),
+        (PreflightSettings.from_params, {"enable": True}, "preflight: unknown key 'enable'"),
+        (serving_settings, {"batching": {"size": 2}}, "serving.batching: unknown key 'size'"),
+        (serving_settings, {"capture": {"feedback": {"keep": 1}}}, "serving.capture.feedback"),
+        (sources_settings, {"traffic": {"enable": True}}, "retraining_sources.traffic: unknown"),
+        (fault_settings, {"faults": {"rate": {}}}, "worker_pool.faults: unknown key 'rate'"),
+        (
+            orchestration_config,
+            {"sampling": {"temprature": 0.5}},
+            "conductor.sampling: unknown key 'temprature' (did you mean 'temperature'?)",
+        ),
+    ]
+
+
+def test_every_section_names_an_unknown_key_in_the_one_format():
+    for validate, params, start in _validators():
+        with pytest.raises(ValueError) as err:
+            validate(params)
+        assert str(err.value).startswith(start), str(err.value)
+        assert "; known keys: " in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({"batching": {"max_batch": 0}}, "serving.batching.max_batch: must be a positive integer"),
+        ({"torch_threads": True}, "serving.torch_threads: must be a positive integer or null"),
+        ({"capture": {"keep_files": -1}}, "serving.capture.keep_files: must be an integer >= 0"),
+    ],
+)
+def test_integer_settings_use_the_one_integer_check(params, expected):
+    from conductor_pipeline.serving.settings import serving_settings
+
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        serving_settings(params)

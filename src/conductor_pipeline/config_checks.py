@@ -45,9 +45,12 @@ def check_keys(
         raise error(unknown_keys_message(section, unknown, allowed))
 
 
-def is_int(value: Any, *, minimum: int = 0) -> bool:
-    """Whether ``value`` is an integer ``>= minimum`` (a bool is not an integer here)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+def is_int(value: Any, *, minimum: int | None = 0) -> bool:
+    """Whether ``value`` is an integer ``>= minimum`` (any integer where ``minimum`` is
+    ``None``; a bool is not an integer here)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return minimum is None or value >= minimum
 
 
 @overload
@@ -55,7 +58,7 @@ def check_int(
     value: Any,
     key: str,
     *,
-    minimum: int = ...,
+    minimum: int | None = ...,
     allow_none: Literal[False] = ...,
     error: type[Exception] = ...,
 ) -> int: ...
@@ -64,7 +67,7 @@ def check_int(
     value: Any,
     key: str,
     *,
-    minimum: int = ...,
+    minimum: int | None = ...,
     allow_none: bool,
     error: type[Exception] = ...,
 ) -> int | None: ...
@@ -72,15 +75,18 @@ def check_int(
     value: Any,
     key: str,
     *,
-    minimum: int = 0,
+    minimum: int | None = 0,
     allow_none: bool = False,
     error: type[Exception] = ValueError,
 ) -> int | None:
-    """``value`` when it is an integer ``>= minimum`` (or ``None`` where ``allow_none``);
-    otherwise ``error`` naming ``key``, the full dotted name (``evaluation.seed``)."""
+    """``value`` when it is an integer ``>= minimum`` (any integer where ``minimum`` is
+    ``None``; or ``None`` where ``allow_none``); otherwise ``error`` naming ``key``, the full
+    dotted name (``evaluation.seed``)."""
     if value is None and allow_none:
         return None
     if not is_int(value, minimum=minimum):
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        kind = {None: "an integer", 1: "a positive integer"}.get(
+            minimum, f"an integer >= {minimum}"
+        )
         raise error(f"{key}: must be {kind}{' or null' if allow_none else ''}, got {value!r}")
     return value

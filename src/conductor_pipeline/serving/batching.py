@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.config_checks import check_int, check_keys
 from conductor_pipeline.workflow.policy import JoiningRow, PolicyCompletion
 
 
@@ -73,14 +73,7 @@ class BatchingSettings:
             raise ValueError(
                 f"serving.batching.enabled: must be true or false, got {self.enabled!r}"
             )
-        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int):
-            raise ValueError(
-                f"serving.batching.max_batch: must be an integer, got {self.max_batch!r}"
-            )
-        if self.max_batch < 1:
-            raise ValueError(
-                f"serving.batching.max_batch: must be at least 1, got {self.max_batch}"
-            )
+        check_int(self.max_batch, "serving.batching.max_batch", minimum=1)
         wait = self.max_wait_ms
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 10_000:
             raise ValueError(

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.config_checks import check_int, check_keys
 from conductor_pipeline.serving.batching import BatchingSettings
 from conductor_pipeline.serving.capture import CaptureSettings
 from conductor_pipeline.serving.policy_server import VllmSettings
@@ -93,11 +93,7 @@ class ServingSettings:
                 raise ValueError(f"serving.{name}: must be positive, got {getattr(self, name)!r}")
         if not isinstance(self.warm_up, bool):
             raise ValueError(f"serving.warm_up: must be true or false, got {self.warm_up!r}")
-        threads = self.torch_threads
-        if threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-        ):
-            raise ValueError(f"serving.torch_threads: must be >= 1 or null, got {threads!r}")
+        check_int(self.torch_threads, "serving.torch_threads", minimum=1, allow_none=True)
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"serving.dtype: must be one of {MODEL_DTYPES}, got {self.dtype!r}")
         if self.max_context_chars < 0 or self.retry_after_s < 0:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.config_checks import check_int, check_keys
 from conductor_pipeline.hashing import content_hash
 
 __all__ = [
@@ -558,9 +558,7 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
             raise TrainingConfigError(f"{where}: must be true or false, got {value!r}")
         return value
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TrainingConfigError(f"{where}: must be an integer, got {value!r}")
-        return value
+        return check_int(value, where, minimum=None, error=TrainingConfigError)
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TrainingConfigError(f"{where}: must be a number, got {value!r}")

@@ -44,6 +44,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from conductor_pipeline.config_checks import check_int
+
 __all__ = ["CacheMode", "CachedReply", "ResponseCache", "cache_key"]
 
 log = logging.getLogger(__name__)
@@ -154,10 +156,7 @@ class ResponseCache:
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"cache mode must be one of {_MODES}, got {mode!r}")
-        if isinstance(max_lock_retries, bool) or not isinstance(max_lock_retries, int):
-            raise ValueError(f"max_lock_retries must be an integer, got {max_lock_retries!r}")
-        if max_lock_retries < 0:
-            raise ValueError(f"max_lock_retries must be >= 0, got {max_lock_retries}")
+        check_int(max_lock_retries, "max_lock_retries")
         self.path = Path(path)
         self.mode: CacheMode = mode
         self.busy_timeout_s = busy_timeout_s

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.config_checks import check_int, check_keys
 from conductor_pipeline.workers.cache import ResponseCache
 from conductor_pipeline.workers.faults import FaultInjector, ProviderFaults, parse_fault_rates
 from conductor_pipeline.workers.pool import WorkerPool
@@ -119,9 +119,7 @@ def fault_settings(config: Mapping[str, Any]) -> FaultSettings:
     level = section.get("level") or "provider"
     if level not in FAULT_LEVELS:
         raise ValueError(f"worker_pool.faults.level: must be one of {FAULT_LEVELS}, got {level!r}")
-    seed = section.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"worker_pool.faults.seed: must be an integer or null, got {seed!r}")
+    seed = check_int(section.get("seed"), "worker_pool.faults.seed", minimum=None, allow_none=True)
     rates = section.get("rates") or {}
     if not isinstance(rates, Mapping):
         raise ValueError("worker_pool.faults.rates: must map failure kinds to rates")

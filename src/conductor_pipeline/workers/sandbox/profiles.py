@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.config_checks import check_int, check_keys
 
 SIM_PREFIX = "sim-"
 DEFAULT_DOMAIN = "default"
@@ -227,8 +227,7 @@ def _real(data: Any, where: str) -> RealProfile:
     if model != "smollm2-135m-instruct":
         raise ProfileError(f"{where}.model: only 'smollm2-135m-instruct' is available offline")
     max_tokens = data.get("max_tokens", 96)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ProfileError(f"{where}.max_tokens: expected a positive integer, got {max_tokens!r}")
+    check_int(max_tokens, f"{where}.max_tokens", minimum=1, error=ProfileError)
     return RealProfile(
         name=name,
         description=_text(data["description"], f"{where}.description"),
