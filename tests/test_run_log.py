@@ -318,7 +318,7 @@ def test_kedro_run_env_gpu_without_the_benchmarks_names_the_fix_without_a_traceb
 
 
 def test_setup_errors_are_found_through_wrapping_and_name_their_fix():
-    from conductor_pipeline.pipelines.data_prep.preflight import (
+    from conductor_pipeline.setup_errors import (
         SetupError,
         check_gpu,
         find_setup_error,
@@ -356,7 +356,7 @@ def test_setup_errors_are_found_through_wrapping_and_name_their_fix():
 
 
 def test_the_training_node_refuses_vllm_without_a_gpu_before_loading_anything(monkeypatch):
-    from conductor_pipeline.pipelines.data_prep import preflight
+    from conductor_pipeline import setup_errors as preflight
     from conductor_pipeline.pipelines.training import nodes
 
     real_check = preflight.check_gpu

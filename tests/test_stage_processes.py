@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor_pipeline.pipelines.data_prep.preflight import SetupError, find_setup_error
+from conductor_pipeline.setup_errors import SetupError, find_setup_error
 from conductor_pipeline.stage_process import StageProcessError, run_in_own_process
 
 REPO = Path(__file__).resolve().parents[1]

@@ -44,8 +44,8 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from conductor_pipeline.distributed import is_main_process  # noqa: E402
 from conductor_pipeline.hooks import MlflowRunHooks, ProjectHooks  # noqa: E402
 from conductor_pipeline.paths import project_root  # noqa: E402
-from conductor_pipeline.pipelines.data_prep.preflight import SetupErrorHooks  # noqa: E402
 from conductor_pipeline.run_summary import RunSummaryHooks  # noqa: E402
+from conductor_pipeline.setup_errors import SetupErrorHooks  # noqa: E402
 
 
 def _project_root_resolver(*_: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from conductor_pipeline.config_checks import check_keys
-from conductor_pipeline.pipelines.data_prep.preflight import SetupError
+from conductor_pipeline.setup_errors import SetupError
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.tasks.frames import tasks_from_frame, tasks_to_frame
 from conductor_pipeline.tasks.sources import SOURCES, load_source

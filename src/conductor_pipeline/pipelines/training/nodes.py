@@ -24,13 +24,13 @@ import pandas as pd
 
 from conductor_pipeline.distributed import broadcast_from_main, is_main_process, num_processes
 from conductor_pipeline.paths import project_root
-from conductor_pipeline.pipelines.data_prep.preflight import check_gpu, missing_key_error
 from conductor_pipeline.registry import (
     local_adapter,
     portable_adapter,
     registered_model,
     set_version_description,
 )
+from conductor_pipeline.setup_errors import check_gpu, missing_key_error
 from conductor_pipeline.stage_process import run_in_own_process
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.tasks.frames import tasks_from_frame

@@ -1,0 +1,121 @@
+"""The package's import structure, read from the source (``ast``), nothing imported:
+
+- only ``pipeline_registry`` reaches into ``pipelines/`` from outside it (the commands of
+  ``cli`` and ``run_checks`` do so inside functions, at the moment they run a pipeline's
+  node function);
+- the core packages (``workflow``, ``workers``, ``tasks``) import neither Kedro nor MLflow,
+  nor the packages built on them.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import conductor_pipeline
+
+PACKAGE = "conductor_pipeline"
+ROOT = Path(conductor_pipeline.__file__).parent
+
+CORE = ("workflow", "workers", "tasks")
+ABOVE_CORE = ("pipelines", "serving", "training", "evaluation", "reporting")
+# Modules outside pipelines/ that import from it, inside a function only, and why.
+PIPELINE_CALLERS = {
+    "conductor_pipeline.cli": "`conductor promote` runs the promotion node's decision",
+    "conductor_pipeline.run_checks": "checks data_prep's parameters with its own validation",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    target: str  # a module name as written (resolved when relative)
+    line: int
+    top_level: bool  # False: inside a function (runs when the function is called)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports_of(name: str, path: Path) -> list[Import]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, top_level: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = top_level and not isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            )
+            if isinstance(child, ast.Import):
+                found.extend(Import(a.name, child.lineno, inside) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in child.names:
+                    # ``from pkg import module`` imports the module; any other name, pkg itself
+                    sub = f"{base}.{alias.name}"
+                    found.append(Import(sub if sub in modules() else base, child.lineno, inside))
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), True)
+    return found
+
+
+@cache
+def imports() -> dict[str, list[Import]]:
+    return {name: _imports_of(name, path) for name, path in modules().items()}
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_only_the_pipeline_registry_imports_the_pipelines():
+    pipelines = f"{PACKAGE}.pipelines"
+    wrong = []
+    for name, found in imports().items():
+        if _within(name, pipelines) or name == f"{PACKAGE}.pipeline_registry":
+            continue
+        for imp in found:
+            if not _within(imp.target, pipelines):
+                continue
+            if imp.top_level or name not in PIPELINE_CALLERS:
+                wrong.append(f"{modules()[name].relative_to(ROOT)}:{imp.line} imports {imp.target}")
+    assert not wrong, "only pipeline_registry.py imports from pipelines/:\n" + "\n".join(wrong)
+
+
+def test_the_core_packages_import_no_framework_and_nothing_built_on_them():
+    banned = ("kedro", "mlflow", *(f"{PACKAGE}.{p}" for p in ABOVE_CORE))
+    wrong = [
+        f"{modules()[name].relative_to(ROOT)}:{imp.line} imports {imp.target}"
+        for name, found in imports().items()
+        if any(_within(name, f"{PACKAGE}.{core}") for core in CORE)
+        for imp in found
+        if any(_within(imp.target, b) for b in banned)
+    ]
+    assert not wrong, "workflow, workers and tasks stay below the framework:\n" + "\n".join(wrong)
+
+
+def test_the_import_reader_sees_function_level_and_relative_imports(tmp_path):
+    source = tmp_path / "conductor_pipeline" / "pkg"
+    source.mkdir(parents=True)
+    module = source / "mod.py"
+    module.write_text("from . import other\nimport kedro\n\ndef f():\n    import mlflow\n")
+    found = _imports_of("conductor_pipeline.pkg.mod", module)
+    assert [(i.target, i.top_level) for i in found] == [
+        ("conductor_pipeline.pkg", True),
+        ("kedro", True),
+        ("mlflow", False),
+    ]
