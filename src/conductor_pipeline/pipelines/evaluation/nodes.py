@@ -451,7 +451,9 @@ def run_evaluation(
     orchestration = orchestration_config(conductor_params)
     root = project_root()
     test = evaluation_questions(config, test_tasks, train_tasks, validation_tasks)
-    validation = select_tasks(tasks_from_frame(validation_tasks), config.validation_per_domain, config.seed)
+    validation = select_tasks(
+        tasks_from_frame(validation_tasks), config.validation_per_domain, config.seed
+    )
     candidate = (conductor_model_version or {}).get("model_uri")
     launch = contextlib.nullcontext()
     served_names: dict[str, str] = {}
