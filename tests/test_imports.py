@@ -4,7 +4,9 @@
   ``cli`` and ``run_checks`` do so inside functions, at the moment they run a pipeline's
   node function);
 - the core packages (``workflow``, ``workers``, ``tasks``) import neither Kedro nor MLflow,
-  nor the packages built on them.
+  nor the packages built on them;
+- no circle of module-level imports (``if TYPE_CHECKING:`` ones included: a circle there is
+  still two modules that each need the other); imports inside functions are left out.
 """
 
 from __future__ import annotations
@@ -106,6 +108,69 @@ def test_the_core_packages_import_no_framework_and_nothing_built_on_them():
         if any(_within(imp.target, b) for b in banned)
     ]
     assert not wrong, "workflow, workers and tasks stay below the framework:\n" + "\n".join(wrong)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle of each strongly connected group of ``graph`` (Tarjan), as a path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+
+    circles = []
+    for group in groups:
+        start = min(group)
+        path, seen = [start], {start}
+        while True:  # walk inside the group until a module repeats: that is a circle
+            nxt = min(n for n in graph[path[-1]] if n in group)
+            if nxt in seen:
+                circles.append([*path[path.index(nxt) :], nxt])
+                break
+            path.append(nxt)
+            seen.add(nxt)
+    return circles
+
+
+def test_no_module_level_import_circles():
+    graph = {
+        name: {
+            i.target for i in found if i.top_level and i.target in modules() and i.target != name
+        }
+        for name, found in imports().items()
+    }
+    circles = _cycles(graph)
+    assert not circles, "import circles (break one arrow of each):\n" + "\n".join(
+        " -> ".join(circle) for circle in circles
+    )
+
+
+def test_the_circle_finder_names_the_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert _cycles(graph) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_import_reader_sees_function_level_and_relative_imports(tmp_path):

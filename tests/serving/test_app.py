@@ -14,9 +14,10 @@ import mlflow
 import openai
 import pytest
 
-from conductor_pipeline.serving.app import ConductorService, _Message, compose_question
+from conductor_pipeline.serving.app import _Message, compose_question
 from conductor_pipeline.serving.models import ServedModel
 from conductor_pipeline.serving.server import BackgroundServer
+from conductor_pipeline.serving.service import ConductorService
 from conductor_pipeline.serving.settings import RequestLimits, ServingSettings
 from conductor_pipeline.workers.types import Usage, WorkerReply
 from conductor_pipeline.workflow import OrchestrationConfig, PolicyCompletion, PromptConfig

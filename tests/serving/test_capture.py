@@ -175,9 +175,9 @@ def test_a_served_request_with_a_planted_key_leaves_no_trace_in_the_capture(tmp_
     """Over the real API (in process, fake pool): the planted key is the server's key, in
     the request's Authorization header and in the environment; the capture built from the
     response's own record holds the question and no key."""
-    from conductor_pipeline.serving.app import ConductorService
     from conductor_pipeline.serving.models import ServedModel
     from conductor_pipeline.serving.server import BackgroundServer
+    from conductor_pipeline.serving.service import ConductorService
     from conductor_pipeline.serving.settings import ServingSettings
     from conductor_pipeline.workers.types import Usage, WorkerReply
     from conductor_pipeline.workflow import OrchestrationConfig, PromptConfig

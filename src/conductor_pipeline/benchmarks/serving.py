@@ -104,8 +104,8 @@ def _serve_one_user(
     import httpx
 
     from conductor_pipeline.benchmarks import percentile
-    from conductor_pipeline.serving.app import ConductorService
     from conductor_pipeline.serving.server import BackgroundServer
+    from conductor_pipeline.serving.service import ConductorService
     from conductor_pipeline.serving.settings import ServingSettings
 
     questions = list(QUESTIONS)
@@ -178,8 +178,8 @@ def serving_load() -> dict[str, Any]:
     from pathlib import Path
 
     from conductor_pipeline.benchmarks import percentile
-    from conductor_pipeline.serving.app import ConductorService
     from conductor_pipeline.serving.server import BackgroundServer
+    from conductor_pipeline.serving.service import ConductorService
     from conductor_pipeline.serving.settings import ServingSettings
     from conductor_pipeline.workers import WorkerPool
     from conductor_pipeline.workers.sandbox import SandboxServer

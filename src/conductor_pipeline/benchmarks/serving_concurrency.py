@@ -85,8 +85,8 @@ def _measure(
     """Start the API once, wait for the warm-up, then load it with each client count."""
     import dataclasses
 
-    from conductor_pipeline.serving.app import ConductorService
     from conductor_pipeline.serving.server import BackgroundServer
+    from conductor_pipeline.serving.service import ConductorService
 
     service = ConductorService(
         policy=policy,

@@ -1,10 +1,10 @@
 """The Conductor API: an OpenAI-compatible chat endpoint answered by orchestrated workflows.
 
-This module holds what is served (:class:`ConductorService`), policy loading and
-:func:`create_app`, which wires the parts: ``serving.schema`` reads and validates a request,
-``serving.handlers`` answers it (endpoints as functions over one ``AppState``),
-``serving.responses`` writes records, bodies and stream chunks, ``serving.middleware`` holds
-the concurrency gate, the guarded stream and the request log.
+This module holds policy loading and :func:`create_app`, which wires the parts:
+``serving.service`` holds what is served (:class:`ConductorService`), ``serving.schema``
+reads and validates a request, ``serving.handlers`` answers it (endpoints as functions over
+one ``AppState``), ``serving.responses`` writes records, bodies and stream chunks,
+``serving.middleware`` holds the concurrency gate, the guarded stream and the request log.
 
 Endpoints (:func:`create_app`):
 
@@ -70,10 +70,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request
 
@@ -84,7 +80,6 @@ from conductor_pipeline.serving.errors import ApiError
 from conductor_pipeline.serving.handlers import KEEPALIVE_S, WARNING_HEADER, AppState
 from conductor_pipeline.serving.logs import secret_values
 from conductor_pipeline.serving.middleware import Gate, GuardedStream, RequestLog
-from conductor_pipeline.serving.models import ServedModel
 from conductor_pipeline.serving.responses import (
     SafeJSONResponse,
     conductor_record,
@@ -98,8 +93,7 @@ from conductor_pipeline.serving.schema import (
     compose_question,
     request_config,
 )
-from conductor_pipeline.serving.settings import ServingSettings
-from conductor_pipeline.workflow.orchestrator import OrchestrationConfig, OrchestrationResult
+from conductor_pipeline.serving.service import ConductorService
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +106,6 @@ __all__ = [
     "WARNING_HEADER",
     "ApiError",
     "AppState",
-    "ConductorService",
-    "Probe",
     "SafeJSONResponse",
     "compose_question",
     "conductor_record",
@@ -123,56 +115,6 @@ __all__ = [
     "request_config",
     "usage",
 ]
-
-
-# --- what the app serves ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Probe:
-    """An endpoint checked by ``GET /ready`` (its URL never leaves the server)."""
-
-    name: str
-    url: str
-    api_key: str | None = None
-
-    def __repr__(self) -> str:
-        return f"Probe({self.name!r})"
-
-
-@dataclass
-class ConductorService:
-    """Everything a request needs: the policy, the pool, how to orchestrate, what is served.
-
-    ``call_worker`` is a ``WorkerPool`` or any worker caller; ``tracer(result, tags)``
-    records a trace and returns its id (``serving.tracing``); ``api_key`` enables bearer
-    auth. ``question_check`` (``async (question) -> QuestionCheck | None``) tells whether the
-    sandbox knows a question; by default the pool's own (``open_worker_pool`` sets one on a
-    sandbox with simulated workers). ``secrets`` are the values the log masks (credentials,
-    keys); the capture and feedback stores mask them too. ``root``: the project the
-    capture path is relative to (by default the one :func:`project_root` finds).
-    """
-
-    policy: Any
-    call_worker: Any
-    descriptions: list[str]
-    worker_names: list[str]
-    orchestration: OrchestrationConfig
-    served: ServedModel = field(default_factory=ServedModel)
-    settings: ServingSettings = field(default_factory=ServingSettings)
-    api_key: str | None = None
-    probes: list[Probe] = field(default_factory=list)
-    tracer: Callable[[OrchestrationResult, dict[str, str]], str | None] | None = None
-    question_check: Callable[[str], Awaitable[Any]] | None = None
-    secrets: list[str] = field(default_factory=list, repr=False)
-    root: Path | None = None
-
-    def __post_init__(self) -> None:
-        if self.question_check is None:
-            self.question_check = getattr(self.call_worker, "question_check", None)
-
-    def __repr__(self) -> str:  # never the key
-        return f"ConductorService(policy={getattr(self.policy, 'name', self.policy)!r}, served={self.served.id!r})"
 
 
 # --- the app ------------------------------------------------------------------------------

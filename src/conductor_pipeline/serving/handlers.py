@@ -49,7 +49,7 @@ from conductor_pipeline.workflow.orchestrator import (
 )
 
 if TYPE_CHECKING:
-    from conductor_pipeline.serving.app import ConductorService, Probe
+    from conductor_pipeline.serving.service import ConductorService, Probe
 
 log = logging.getLogger(__name__)
 

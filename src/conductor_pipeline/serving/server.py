@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conductor_pipeline.serving.app import ConductorService, Probe, create_app
+from conductor_pipeline.serving.app import create_app
 from conductor_pipeline.serving.batching import MicroBatchingPolicy, batched_policy
 from conductor_pipeline.serving.logs import configure_json_logging, secret_values
 from conductor_pipeline.serving.models import ModelResolutionError, resolve_served_model
 from conductor_pipeline.serving.policy_server import PolicyServerError, VllmPolicyServer
+from conductor_pipeline.serving.service import ConductorService, Probe
 from conductor_pipeline.serving.settings import ServingSettings, serving_settings
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 if TYPE_CHECKING:
-    from conductor_pipeline.training.fast_paths.decode import DecodeLayer
+    from conductor_pipeline.training.fast_paths.decode_cache import DecodeLayer
 
 __all__ = ["GQA_ATTENTION", "gqa_attention", "grouped_decode_attention", "unwrapped_model"]
 
