@@ -190,7 +190,7 @@ def test_start_failure_shows_the_server_output(tmp_path: Path):
     with pytest.raises(SandboxStartError, match="exited with code") as caught:
         server.start()
     assert not server.running
-    assert "simulated[0].colour" in str(caught.value)
+    assert "simulated[0]: unknown key 'colour'" in str(caught.value)
 
 
 def test_inline_tasks_and_shutdown(tmp_path: Path):
