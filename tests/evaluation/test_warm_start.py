@@ -109,7 +109,7 @@ def _params(tiny_model_dir):
 
 
 def test_the_warm_start_folder_name_is_the_one_training_writes():
-    from conductor_pipeline.training.grpo import WARM_START_DIR
+    from conductor_pipeline.training.artifacts import WARM_START_DIR
 
     assert nodes.WARM_START_DIR == WARM_START_DIR
 

@@ -14,8 +14,8 @@ import mlflow
 import openai
 import pytest
 
-from conductor_pipeline.serving.app import _Message, compose_question
 from conductor_pipeline.serving.models import ServedModel
+from conductor_pipeline.serving.schema import Message, compose_question
 from conductor_pipeline.serving.server import BackgroundServer
 from conductor_pipeline.serving.service import ConductorService
 from conductor_pipeline.serving.settings import RequestLimits, ServingSettings
@@ -245,8 +245,8 @@ def test_earlier_turns_reach_the_conductor_as_context():
 
 
 def test_context_keeps_the_most_recent_turns():
-    messages = [_Message(role="user", content=f"turn {i} " + "z" * 50) for i in range(10)]
-    messages.append(_Message(role="user", content="last?"))
+    messages = [Message(role="user", content=f"turn {i} " + "z" * 50) for i in range(10)]
+    messages.append(Message(role="user", content="last?"))
     question, turns = compose_question(messages, 100, 200)
     assert 0 < turns < 10 and "turn 9" in question and "turn 0" not in question
     assert question.endswith("last?")

@@ -120,7 +120,8 @@ def _forcing(tokenizer, workers) -> dict:
 
 
 def _train(tiny_model_dir, config, pool, overrides, logged=None):
-    from conductor_pipeline.training.grpo import PoolInfo, train_conductor
+    from conductor_pipeline.training.grpo import train_conductor
+    from conductor_pipeline.training.inputs import PoolInfo
 
     tasks = [make_task(i) for i in range(4)]
     pool.tasks = tasks

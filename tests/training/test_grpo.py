@@ -9,11 +9,8 @@ from pathlib import Path
 import pytest
 
 from conductor_pipeline.training.configs import TrainingConfig, grpo_args
-from conductor_pipeline.training.grpo import (
-    PoolInfo,
-    build_prompt_dataset,
-    train_conductor,
-)
+from conductor_pipeline.training.grpo import train_conductor
+from conductor_pipeline.training.inputs import PoolInfo, build_prompt_dataset
 from conductor_pipeline.workflow import conductor_messages, parse_workflow
 from conductor_pipeline.workflow.config import orchestration_config, prompt_config
 
@@ -35,7 +32,7 @@ def test_trl_gives_a_masked_rollout_zero_advantage_and_zero_gradient(tiny_model_
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
 
-    from conductor_pipeline.training.grpo import conductor_trainer_class
+    from conductor_pipeline.training.models import conductor_trainer_class
 
     pattern = [None, 1.0, 0.5, 0.0, 0.5, None, None, 1.0]
     captured: dict = {}
@@ -323,7 +320,7 @@ def test_cpu_scoring_matches_trl_fused_lm_head(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from conductor_pipeline.training.grpo import conductor_trainer_class
+    from conductor_pipeline.training.models import conductor_trainer_class
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

@@ -9,12 +9,10 @@ then parsed without the prefill; evaluation and serving continue the prefill
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 from conductor_pipeline.training.configs import RewardConfig, TrainingConfig
-from conductor_pipeline.training.grpo import _warm_start
+from conductor_pipeline.training.grpo import check_warm_start_prompt
 from conductor_pipeline.training.inputs import build_prompt_dataset
 from conductor_pipeline.training.rewards import ConductorReward, format_reward
 from conductor_pipeline.workers.local_model import encode_chat
@@ -78,6 +76,6 @@ def test_the_format_reward_reads_the_prefill_too():
 
 
 def test_the_scripted_warm_start_refuses_a_prefill():
-    run = types.SimpleNamespace(prompt_config=PromptConfig(assistant_prefill=PREFILL))
     with pytest.raises(ValueError, match="assistant_prefill"):
-        _warm_start(run)
+        check_warm_start_prompt(PromptConfig(assistant_prefill=PREFILL))
+    check_warm_start_prompt(PromptConfig())  # no prefill: accepted

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conductor_pipeline.evaluation.systems import PoolView
-from conductor_pipeline.training.grpo import PoolInfo
+from conductor_pipeline.training.inputs import PoolInfo
 from conductor_pipeline.workers import WorkerPool, load_worker_specs
 from conductor_pipeline.workers.pricing import pool_token_prices, token_prices
 

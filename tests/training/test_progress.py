@@ -56,7 +56,8 @@ def test_grpo_postfix_reads_the_step_record_of_its_stage():
 @pytest.mark.slow
 def test_training_shows_one_bar_per_stage_and_prints_no_log_dicts(tiny_model_dir, tmp_path, capsys):
     from conductor_pipeline.training.configs import TrainingConfig
-    from conductor_pipeline.training.grpo import PoolInfo, train_conductor
+    from conductor_pipeline.training.grpo import train_conductor
+    from conductor_pipeline.training.inputs import PoolInfo
 
     from .fakes import FakePool, make_task
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from conductor_pipeline.training.configs import TrainingConfig
-from conductor_pipeline.training.grpo import PoolInfo, train_conductor
+from conductor_pipeline.training.grpo import check_recursion_generation, train_conductor
+from conductor_pipeline.training.inputs import PoolInfo
 from tests.training.fakes import FakePool, make_task
 
 
@@ -47,6 +48,4 @@ def test_recursion_with_vllm_is_refused_before_training(tmp_path, vllm_mode):
 
 
 def test_vllm_without_recursion_is_not_refused_by_that_check(tmp_path):
-    from conductor_pipeline.training.grpo import _check_recursion_generation
-
-    _check_recursion_generation(_config(tmp_path / "out", recursion=False))
+    check_recursion_generation(_config(tmp_path / "out", recursion=False))

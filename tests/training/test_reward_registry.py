@@ -12,10 +12,10 @@ from conductor_pipeline.training.rewards import (
     REWARD_FUNCS,
     ConductorReward,
     RewardContext,
-    RolloutStats,
     get_reward_funcs,
     task_columns,
 )
+from conductor_pipeline.training.rollout_stats import RolloutStats
 from conductor_pipeline.workflow import PromptConfig
 
 from .fakes import FakePool, make_task, workflow_text

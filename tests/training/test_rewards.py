@@ -9,16 +9,13 @@ import pytest
 
 from conductor_pipeline.tasks import Task, Verdict
 from conductor_pipeline.training.configs import RewardConfig
-from conductor_pipeline.training.rewards import (
-    ConductorReward,
+from conductor_pipeline.training.rewards import ConductorReward, completion_text, task_columns
+from conductor_pipeline.training.rollout_stats import RolloutStats, summarise_scores
+from conductor_pipeline.training.scoring import (
     RolloutScore,
-    RolloutStats,
-    completion_text,
     correctness_reward,
     score_recursion_round,
     score_rollout,
-    summarise_scores,
-    task_columns,
 )
 from conductor_pipeline.workers.types import FailureKind
 from conductor_pipeline.workflow import PromptConfig

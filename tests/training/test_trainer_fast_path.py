@@ -15,7 +15,7 @@ import functools
 import pytest
 import torch
 
-from conductor_pipeline.training.grpo import conductor_trainer_class
+from conductor_pipeline.training.models import conductor_trainer_class
 from conductor_pipeline.training.trainer import plain_warpers, sample_tokens
 
 MAX_COMPLETION = 10

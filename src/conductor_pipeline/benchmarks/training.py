@@ -198,7 +198,8 @@ def _run_grpo_steps(
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from conductor_pipeline.training.grpo import _num_layers, grpo_args, load_base, lora_config
+    from conductor_pipeline.training.configs import grpo_args, lora_config
+    from conductor_pipeline.training.models import load_base, num_layers
 
     figures: dict[str, list[float]] = defaultdict(list)
 
@@ -218,7 +219,7 @@ def _run_grpo_steps(
         ),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        peft_config=lora_config(config, _num_layers(model)),
+        peft_config=lora_config(config, num_layers(model)),
         callbacks=[StepClock()],
     )
     trainer.train()
@@ -248,7 +249,7 @@ def training_step_benchmark(
 
     from trl import GRPOTrainer
 
-    from conductor_pipeline.training.grpo import conductor_trainer_class
+    from conductor_pipeline.training.models import conductor_trainer_class
     from conductor_pipeline.workflow import conductor_messages
 
     total = warmup + steps

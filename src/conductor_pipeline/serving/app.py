@@ -77,44 +77,15 @@ from conductor_pipeline.paths import project_root
 from conductor_pipeline.serving import handlers
 from conductor_pipeline.serving.capture import CaptureStore
 from conductor_pipeline.serving.errors import ApiError
-from conductor_pipeline.serving.handlers import KEEPALIVE_S, WARNING_HEADER, AppState
+from conductor_pipeline.serving.handlers import AppState
 from conductor_pipeline.serving.logs import secret_values
-from conductor_pipeline.serving.middleware import Gate, GuardedStream, RequestLog
-from conductor_pipeline.serving.responses import (
-    SafeJSONResponse,
-    conductor_record,
-    event_payload,
-    finite_json,
-    usage,
-)
-from conductor_pipeline.serving.schema import (
-    ConductorRequest,
-    Message,
-    compose_question,
-    request_config,
-)
+from conductor_pipeline.serving.middleware import Gate, RequestLog
+from conductor_pipeline.serving.responses import SafeJSONResponse
 from conductor_pipeline.serving.service import ConductorService
 
 log = logging.getLogger(__name__)
 
-# The names this module held before its parts moved to serving.schema, serving.responses,
-# serving.middleware and serving.handlers; callers and tests import them from here.
-_Message, _ChatRequest = Message, ConductorRequest
-_Gate, _GuardedStream, _RequestLog = Gate, GuardedStream, RequestLog
-__all__ = [
-    "KEEPALIVE_S",
-    "WARNING_HEADER",
-    "ApiError",
-    "AppState",
-    "SafeJSONResponse",
-    "compose_question",
-    "conductor_record",
-    "create_app",
-    "event_payload",
-    "finite_json",
-    "request_config",
-    "usage",
-]
+__all__ = ["create_app"]
 
 
 # --- the app ------------------------------------------------------------------------------

@@ -12,12 +12,9 @@ from conductor_pipeline.training.configs import (
     TrainingConfigError,
 )
 from conductor_pipeline.training.planner import ReferencePlanner
-from conductor_pipeline.training.rewards import (
-    ConductorReward,
-    RolloutScore,
-    RolloutStats,
-    score_rollout,
-)
+from conductor_pipeline.training.rewards import ConductorReward
+from conductor_pipeline.training.rollout_stats import RolloutStats
+from conductor_pipeline.training.scoring import RolloutScore, score_rollout
 
 __all__ = [
     "ConductorReward",

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conductor_pipeline.training.rewards import RolloutStats, ScoredBatch
+from conductor_pipeline.training.rewards import ScoredBatch
+from conductor_pipeline.training.rollout_stats import RolloutStats
 
 __all__ = ["LogMetrics", "MetricsCallback", "RolloutSampleLog", "install_log_filter"]
 

@@ -20,7 +20,7 @@ prompt dataset), ``configs`` (``GRPOConfig`` and ``LoraConfig`` from the trainin
 ``models`` (loading, adapters, saving), ``callbacks`` (metrics and rollout samples),
 ``caps`` (the run stops itself at ``training.caps``),
 ``sft`` (the warm start), ``artifacts`` (the run folder and its records) and ``trainer``
-(the GRPOTrainer subclass). The names other packages import from here are re-exported.
+(the GRPOTrainer subclass); other packages import those names from them.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from conductor_pipeline.training.artifacts import (
     TrainingResult,
     adapter_hash,
     last_checkpoint,
-    load_adapter_info,
 )
 from conductor_pipeline.training.callbacks import (
     LogMetrics,
@@ -67,41 +66,18 @@ from conductor_pipeline.training.models import (
     load_base,
     load_tokenizer,
     num_layers,
-    resolve_base_model,
     save_model,
     with_adapter,
 )
-from conductor_pipeline.training.rewards import ConductorReward, RolloutStats
+from conductor_pipeline.training.rewards import ConductorReward
+from conductor_pipeline.training.rollout_stats import RolloutStats
 from conductor_pipeline.training.sft import WarmStart, sft_warm_start
 from conductor_pipeline.workflow import Budget, PromptConfig, shown_worker_descriptions
 from conductor_pipeline.workflow.config import prompt_config as conductor_prompt_config
 
-__all__ = [
-    "ADAPTER_INFO_FILE",
-    "ROLLOUT_SAMPLES_FILE",
-    "WARM_START_DIR",
-    "LogMetrics",
-    "MetricsCallback",
-    "PoolInfo",
-    "RolloutSampleLog",
-    "TrainingStopped",
-    "TrainerPolicy",
-    "TrainingResult",
-    "build_prompt_dataset",
-    "conductor_trainer_class",
-    "data_version",
-    "grpo_args",
-    "load_adapter_info",
-    "load_base",
-    "lora_config",
-    "resolve_base_model",
-    "train_conductor",
-]
+__all__ = ["check_recursion_generation", "check_warm_start_prompt", "train_conductor"]
 
 log = logging.getLogger(__name__)
-
-# The old private name, still imported by the benchmarks.
-_num_layers = num_layers
 
 
 # -- one run ------------------------------------------------------------------------------------
@@ -154,7 +130,7 @@ class _Stage:
     recursion: bool = False
 
 
-def _check_recursion_generation(config: TrainingConfig) -> None:
+def check_recursion_generation(config: TrainingConfig) -> None:
     """Refuse the recursion fine-tune with vLLM generation before anything is trained.
 
     The recursion stage builds a second trainer after GRPO (with ``use_vllm`` that is a
@@ -221,15 +197,20 @@ def _open_run(
     )
 
 
-def _warm_start(run: _Run) -> WarmStart:
-    """The SFT stage on the train tasks that made it into the prompt dataset."""
-    if run.prompt_config.assistant_prefill:
-        # the planner writes whole replies; a prefilled prompt would be answered twice over
+def check_warm_start_prompt(prompt_config: PromptConfig) -> None:
+    """Refuse the scripted warm start on a prompt with an assistant prefill: the planner
+    writes whole replies, so a prefilled prompt would be answered twice over."""
+    if prompt_config.assistant_prefill:
         raise ValueError(
             "training.sft (the scripted warm start) cannot be combined with "
-            f"conductor.prompt.assistant_prefill ({run.prompt_config.assistant_prefill!r}): "
+            f"conductor.prompt.assistant_prefill ({prompt_config.assistant_prefill!r}): "
             'set training.sft.enabled to false, or assistant_prefill to ""'
         )
+
+
+def _warm_start(run: _Run) -> WarmStart:
+    """The SFT stage on the train tasks that made it into the prompt dataset."""
+    check_warm_start_prompt(run.prompt_config)
     usable = {r["id"] for r in run.rows}
     with run.timed("sft"):
         return sft_warm_start(
@@ -405,7 +386,7 @@ def train_conductor(
     Raises :class:`TrainingStopped` when a ``training.caps`` cap stops the run (the
     checkpoint of the step it stopped at is kept; no adapter is published).
     """
-    _check_recursion_generation(config)
+    check_recursion_generation(config)
     install_log_filter()
     started = time.perf_counter()
     run = _open_run(

@@ -62,16 +62,10 @@ from typing import Any
 
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import RewardConfig
-from conductor_pipeline.training.rollout_stats import (
-    RolloutStats,
-    routing_metrics,
-    summarise_scores,
-)
+from conductor_pipeline.training.rollout_stats import RolloutStats
 from conductor_pipeline.training.scoring import (
     RecursionPolicy,
     RolloutScore,
-    correctness_reward,
-    infra_failure,
     score_recursion_round,
     score_rollout,
 )
@@ -88,21 +82,12 @@ from conductor_pipeline.workflow import (
 __all__ = [
     "REWARD_FUNCS",
     "ConductorReward",
-    "RecursionPolicy",
     "RewardContext",
     "RewardFunction",
-    "RolloutScore",
-    "RolloutStats",
     "ScoredBatch",
     "completion_text",
-    "correctness_reward",
     "format_reward",
     "get_reward_funcs",
-    "infra_failure",
-    "routing_metrics",
-    "score_recursion_round",
-    "score_rollout",
-    "summarise_scores",
     "task_columns",
 ]
 

@@ -36,8 +36,8 @@ class ConductorModel(mlflow.pyfunc.PythonModel):
     """
 
     def load_context(self, context: Any) -> None:
+        from conductor_pipeline.training.artifacts import ADAPTER_INFO_FILE
         from conductor_pipeline.training.configs import SMOLLM2
-        from conductor_pipeline.training.grpo import ADAPTER_INFO_FILE
         from conductor_pipeline.workflow import LocalPolicy
         from conductor_pipeline.workflow.config import prompt_config
 

@@ -35,7 +35,8 @@ from conductor_pipeline.stage_process import run_in_own_process
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.tasks.frames import tasks_from_frame
 from conductor_pipeline.training.configs import TrainingConfig
-from conductor_pipeline.training.grpo import PoolInfo, train_conductor
+from conductor_pipeline.training.grpo import train_conductor
+from conductor_pipeline.training.inputs import PoolInfo
 from conductor_pipeline.workers.config import WorkerConfigError
 from conductor_pipeline.workers.runtime import open_worker_pool
 from conductor_pipeline.workflow.adapter_base import check_adapter_base
