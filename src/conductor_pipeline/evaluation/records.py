@@ -8,11 +8,11 @@ string column in the per-question table.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.workflow import (
     ConductorCall,
     ExecutionResult,
@@ -71,7 +71,7 @@ class QuestionResult:
     @staticmethod
     def hash_task(question: str, answer: str) -> str:
         """Tells a stored result for another question under a reused id apart."""
-        return hashlib.sha256(f"{question}\x00{answer}".encode()).hexdigest()[:16]
+        return content_hash(f"{question}\x00{answer}".encode(), length=16)
 
     @property
     def key(self) -> tuple[str, str, str]:

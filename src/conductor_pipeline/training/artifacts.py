@@ -8,12 +8,13 @@ the warm-start adapter in ``adapter/warm_start/``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from conductor_pipeline.hashing import files_hash
 
 __all__ = [
     "ADAPTER_INFO_FILE",
@@ -94,11 +95,7 @@ def adapter_hash(folder: Path) -> str:
     """Identity of a LoRA folder: sha256 of its config and weight files."""
     if not (folder / "adapter_config.json").is_file():
         raise FileNotFoundError(f"start adapter {folder}: no adapter_config.json there")
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("adapter_*")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
+    return files_hash(sorted(folder.glob("adapter_*")))
 
 
 def adapter_ready(folder: Path) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import random
@@ -45,6 +44,7 @@ from conductor_pipeline.evaluation import (
     summarise_by_domain,
 )
 from conductor_pipeline.evaluation.systems import fingerprint
+from conductor_pipeline.hashing import content_hash, files_hash
 from conductor_pipeline.paths import project_relative, project_root
 from conductor_pipeline.promotion import CHAMPION
 from conductor_pipeline.registry import registered_model
@@ -62,14 +62,11 @@ def _folder_digest(folder: str, *, skip: str | None = None) -> str:
     """What a folder's model answers depend on: its files' names and bytes. ``skip``: a
     sub-folder left out (the warm-start adapter inside a trained one, which the trained
     Conductor never loads, so a new warm start does not re-run the Conductor's questions)."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(folder).rglob("*")):
-        if skip is not None and path.relative_to(folder).parts[0] == skip:
-            continue
-        if path.is_file():
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
+    return files_hash(
+        path
+        for path in sorted(Path(folder).rglob("*"))
+        if path.is_file() and (skip is None or path.relative_to(folder).parts[0] != skip)
+    )
 
 
 def build_policies(
@@ -384,7 +381,7 @@ def pool_fingerprint(worker_pool_config: dict[str, Any], root: Path) -> str:
     if profiles:
         path = Path(profiles) if Path(profiles).is_absolute() else root / profiles
         relevant["profiles_sha"] = (
-            hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else str(profiles)
+            content_hash(path.read_bytes()) if path.is_file() else str(profiles)
         )
     return fingerprint(relevant)
 

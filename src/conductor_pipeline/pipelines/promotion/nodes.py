@@ -17,7 +17,6 @@ Where the figures come from:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import re
@@ -28,6 +27,7 @@ import pandas as pd
 
 from conductor_pipeline import promotion
 from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.promotion import Figures, Gates
 from conductor_pipeline.serving.models import PUBLIC_NAME
 
@@ -56,7 +56,7 @@ def test_questions_fingerprint(results: pd.DataFrame | None, system: str = "cond
     if results is None or results.empty or "question_id" not in results:
         return ""
     ids = sorted(set(results.loc[results["system"] == system, "question_id"].astype(str)))
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12] if ids else ""
+    return content_hash("\n".join(ids).encode()) if ids else ""
 
 
 def figures_from_summary(

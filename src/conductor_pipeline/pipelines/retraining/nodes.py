@@ -12,7 +12,6 @@ training run as the champion.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import logging
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from conductor_pipeline.config_checks import check_keys
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.paths import project_root
 from conductor_pipeline.run_lock import LockHeld, claim_lock, release_claim
 from conductor_pipeline.tasks import Task
@@ -92,7 +92,7 @@ def release_lock(
 
 def _logged_task(row: dict[str, Any], defaults: dict[str, Any]) -> Task:
     question = str(row.get("question") or "")
-    digest = hashlib.sha256(question.strip().encode()).hexdigest()[:12]
+    digest = content_hash(question.strip().encode())
     return Task(
         id=str(row.get("id") or f"logged/{digest}"),
         domain=str(row.get("domain") or defaults.get("domain") or "logged"),

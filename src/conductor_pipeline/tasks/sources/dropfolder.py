@@ -33,7 +33,6 @@ is what makes a date a sound position for it.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import tempfile
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.tasks.sources.benchmarks import livecodebench_task
 from conductor_pipeline.tasks.types import Task
 
@@ -167,7 +167,7 @@ def _in_window(date: str, start: str | None, end: str | None) -> bool:
 
 
 def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:_DIGEST_CHARS]
+    return content_hash(data, length=_DIGEST_CHARS)
 
 
 def _positions(watermark: str | None) -> dict[str, tuple[int, str]]:
@@ -191,7 +191,7 @@ def row_task(row: Mapping[str, Any], defaults: Mapping[str, str]) -> Task | None
     metadata = row.get("metadata") or {}
     if not isinstance(metadata, Mapping):
         raise TypeError("metadata must be an object")
-    digest = hashlib.sha256(question.strip().encode()).hexdigest()[:12]
+    digest = content_hash(question.strip().encode())
     return Task(
         id=str(row.get("id") or f"{defaults['source']}/{digest}"),
         domain=str(row.get("domain") or defaults["domain"]),
