@@ -45,7 +45,9 @@ def test_make_install_brings_in_the_notebooks_extra():
     makefile = (REPO / "Makefile").read_text()
     install = re.search(r'pip install --quiet -e "\.\[([^\]]+)\]"', makefile)
     assert install and "notebooks" in install.group(1).split(","), "make install lacks notebooks"
-    assert re.search(r"^notebooks: \$\(STAMP\)[^\n]*\n\t\$\(BIN\)/kedro jupyter lab", makefile, re.M)
+    assert re.search(
+        r"^notebooks: \$\(STAMP\)[^\n]*\n\t\$\(BIN\)/kedro jupyter lab", makefile, re.M
+    )
     import tomllib
 
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
