@@ -63,7 +63,7 @@ RUNNER = textwrap.dedent(
     from kedro.framework.startup import bootstrap_project
 
     from conductor_pipeline.evaluation import PolicyUnderTest
-    from conductor_pipeline.pipelines.evaluation import nodes
+    from conductor_pipeline.evaluation import conductors
     from tests.evaluation.fakes import ScriptedConductor
 
     def scripted(conductor_params, config, candidate=None):
@@ -72,7 +72,7 @@ RUNNER = textwrap.dedent(
             PolicyUnderTest(ScriptedConductor(math_worker=3), "scripted-base", "base"),
         )
 
-    nodes.build_policies = scripted
+    conductors.build_policies = scripted
     bootstrap_project({root!r})
     with KedroSession.create(project_path={root!r}) as session:
         session.run(pipeline_names=["evaluation"])

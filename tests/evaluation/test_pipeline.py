@@ -44,7 +44,7 @@ def _scripted_policies(conductor_params, config, candidate=None):
 def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
     project, monkeypatch, capsys
 ):
-    from conductor_pipeline.pipelines.evaluation import nodes
+    from conductor_pipeline.evaluation import conductors
 
     def scripted(conductor_params, config, candidate=None):
         policy = ScriptedConductor(math_worker=1, two_steps=True)
@@ -53,7 +53,7 @@ def test_evaluation_pipeline_writes_the_contract_table_and_logs_to_mlflow(
             PolicyUnderTest(ScriptedConductor(math_worker=3), "scripted-base", "scripted base"),
         )
 
-    monkeypatch.setattr(nodes, "build_policies", scripted)
+    monkeypatch.setattr(conductors, "build_policies", scripted)
     _run(project)
 
     summary = pd.read_csv(project / "data/08_reporting/evaluation_summary.csv")
@@ -135,9 +135,9 @@ def test_faults_from_runtime_params_change_no_answer(project, monkeypatch):
     """`kedro run --params "worker_pool.faults..."`: 30 % faults reach the evaluation's pool
     (the run info says what was injected), and the per-question answers and the summary
     are those of a run without faults."""
-    from conductor_pipeline.pipelines.evaluation import nodes
+    from conductor_pipeline.evaluation import conductors
 
-    monkeypatch.setattr(nodes, "build_policies", _scripted_policies)
+    monkeypatch.setattr(conductors, "build_policies", _scripted_policies)
     rates = {"timeout": 0.1, "rate_limit": 0.1, "provider_error": 0.1}
     # three systems are enough to see the params arrive; every system under faults is
     # compared in tests/evaluation/test_faults.py
@@ -173,7 +173,7 @@ def test_faults_from_runtime_params_change_no_answer(project, monkeypatch):
 
 def test_benchmark_questions_come_from_the_loaders_without_training_overlap():
     from conductor_pipeline.evaluation import EvaluationConfig
-    from conductor_pipeline.pipelines.evaluation.nodes import evaluation_questions
+    from conductor_pipeline.evaluation.inputs import evaluation_questions
     from conductor_pipeline.tasks.sources import load_source
 
     fixtures = REPO / "tests/fixtures/benchmarks"

@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from conductor_pipeline.evaluation import EvaluationConfig
-from conductor_pipeline.pipelines.evaluation import nodes
+from conductor_pipeline.evaluation import EvaluationConfig, conductors
 
 ENDPOINT = {
     "policy": {
@@ -34,10 +33,10 @@ def test_an_endpoint_not_launched_by_the_evaluation_is_labelled_as_the_endpoint(
     config = EvaluationConfig.from_params(
         {"conductor": {"adapter": str(adapter)}, "systems": ["conductor"]}
     )
-    conductor, _ = nodes.build_policies(ENDPOINT, config)
+    conductor, _ = conductors.build_policies(ENDPOINT, config)
     assert conductor.variant == "endpoint:hosted_vllm/conductor"
     assert "adapter" not in conductor.label
-    assert nodes.champion_policy(conductor, ENDPOINT, config) is None
+    assert conductors.champion_policy(conductor, ENDPOINT, config) is None
 
 
 def test_the_launched_server_serves_each_adapter_under_its_own_name(adapter, monkeypatch):
@@ -53,7 +52,7 @@ def test_the_launched_server_serves_each_adapter_under_its_own_name(adapter, mon
         reference="models:/conductor@champion",
         adapter_dir=str(champion_dir),
     )
-    monkeypatch.setattr(nodes, "_champion", lambda: champion)
+    monkeypatch.setattr(conductors, "_champion", lambda: champion)
     config = EvaluationConfig.from_params(
         {
             "policy_server": "vllm",
@@ -61,7 +60,7 @@ def test_the_launched_server_serves_each_adapter_under_its_own_name(adapter, mon
             "systems": ["conductor", "champion", "warm-start", "base-policy"],
         }
     )
-    plan = nodes.served_conductors(ENDPOINT, config, SERVING)
+    plan = conductors.served_conductors(ENDPOINT, config, SERVING)
     digest = plan.conductor.variant.split(":")[1]
     assert plan.conductor.variant.startswith("adapter:")
     assert plan.champion.variant == "conductor/1"

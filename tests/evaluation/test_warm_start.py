@@ -12,11 +12,11 @@ from conductor_pipeline.evaluation import (
     EvaluationConfig,
     PolicyUnderTest,
     ResultStore,
+    conductors,
     evaluate,
     results_frame,
     summarise,
 )
-from conductor_pipeline.pipelines.evaluation import nodes
 from conductor_pipeline.workflow import OrchestrationConfig
 
 from .fakes import FakePool, ScriptedConductor, make_tasks
@@ -100,7 +100,7 @@ def _adapter(folder, model_dir, seed: int):
 def trained(tmp_path, tiny_model_dir):
     """A trained adapter folder holding its run's warm-start adapter in warm_start/."""
     folder = _adapter(tmp_path / "adapter", tiny_model_dir, seed=1)
-    _adapter(folder / nodes.WARM_START_DIR, tiny_model_dir, seed=2)
+    _adapter(folder / conductors.WARM_START_DIR, tiny_model_dir, seed=2)
     return folder
 
 
@@ -111,16 +111,16 @@ def _params(tiny_model_dir):
 def test_the_warm_start_folder_name_is_the_one_training_writes():
     from conductor_pipeline.training.artifacts import WARM_START_DIR
 
-    assert nodes.WARM_START_DIR == WARM_START_DIR
+    assert conductors.WARM_START_DIR == WARM_START_DIR
 
 
 def test_an_adapter_folder_with_a_warm_start_is_evaluated_under_both_names(trained, tiny_model_dir):
     params = _params(tiny_model_dir)
     config = EvaluationConfig.from_params({**SYSTEMS, "conductor": {"adapter": str(trained)}})
-    conductor, _base = nodes.build_policies(params, config)
-    warm = nodes.warm_start_policy(conductor, params, config)
+    conductor, _base = conductors.build_policies(params, config)
+    warm = conductors.warm_start_policy(conductor, params, config)
     assert conductor.adapter_dir == str(trained)
-    assert warm is not None and warm.adapter_dir == str(trained / nodes.WARM_START_DIR)
+    assert warm is not None and warm.adapter_dir == str(trained / conductors.WARM_START_DIR)
     assert warm.variant.startswith("warm-start:") and "warm-start" in warm.label
 
     # the real tiny model writes no workflow, but both systems are sampled and compared
@@ -135,30 +135,31 @@ def test_an_adapter_folder_with_a_warm_start_is_evaluated_under_both_names(train
     assert summary.loc["warm-start", "n"] == len(few)
 
     # a new warm start changes its variant, not the conductor's
-    _adapter(trained / nodes.WARM_START_DIR, tiny_model_dir, seed=3)
-    conductor_again, _ = nodes.build_policies(params, config)
+    _adapter(trained / conductors.WARM_START_DIR, tiny_model_dir, seed=3)
+    conductor_again, _ = conductors.build_policies(params, config)
     assert conductor_again.variant == conductor.variant
-    assert nodes.warm_start_policy(conductor_again, params, config).variant != warm.variant
+    assert conductors.warm_start_policy(conductor_again, params, config).variant != warm.variant
 
 
 def test_no_warm_start_folder_skips_with_an_info_log(tmp_path, tiny_model_dir, caplog):
     folder = _adapter(tmp_path / "champion-retrained", tiny_model_dir, seed=1)
     params = _params(tiny_model_dir)
     config = EvaluationConfig.from_params({**SYSTEMS, "conductor": {"adapter": str(folder)}})
-    conductor, _ = nodes.build_policies(params, config)
-    with caplog.at_level(logging.INFO, logger=nodes.logger.name):
-        assert nodes.warm_start_policy(conductor, params, config) is None
+    conductor, _ = conductors.build_policies(params, config)
+    with caplog.at_level(logging.INFO, logger=conductors.logger.name):
+        assert conductors.warm_start_policy(conductor, params, config) is None
     assert "warm-start skipped" in caplog.text and "warm_start/" in caplog.text
 
 
 def test_no_adapter_or_not_listed_skips_silently(trained, tiny_model_dir, caplog):
     params = _params(tiny_model_dir)
     endpoint = PolicyUnderTest(ScriptedConductor(), "endpoint:x", "an endpoint")  # as in conf/gpu
-    with caplog.at_level(logging.INFO, logger=nodes.logger.name):
+    with caplog.at_level(logging.INFO, logger=conductors.logger.name):
         assert (
-            nodes.warm_start_policy(endpoint, params, EvaluationConfig.from_params(SYSTEMS)) is None
+            conductors.warm_start_policy(endpoint, params, EvaluationConfig.from_params(SYSTEMS))
+            is None
         )
     assert "not a local adapter" in caplog.text
     config = EvaluationConfig.from_params({"systems": ["conductor"]})
     conductor = PolicyUnderTest(ScriptedConductor(), "v", "v", adapter_dir=str(trained))
-    assert nodes.warm_start_policy(conductor, params, config) is None
+    assert conductors.warm_start_policy(conductor, params, config) is None
