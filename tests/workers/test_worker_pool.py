@@ -16,6 +16,7 @@ from conductor_pipeline.workers import (
     WorkerPool,
 )
 from conductor_pipeline.workers.pricing import token_prices
+from conductor_pipeline.workers.responses import reply_content
 
 from .conftest import worker_entry
 from .fake_openai_server import reply_text
@@ -235,11 +236,11 @@ def test_reply_content_is_classified():
     def response(content):
         return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=content))])
 
-    assert WorkerPool._content(response("Paris")) == ("Paris", None, None)
-    assert WorkerPool._content(response(" \n "))[1] is FailureKind.EMPTY_REPLY
-    assert WorkerPool._content(response(None))[1] is FailureKind.EMPTY_REPLY
-    assert WorkerPool._content(response([{"type": "text"}]))[1] is FailureKind.MALFORMED_REPLY
-    assert WorkerPool._content(SimpleNamespace(choices=[]))[1] is FailureKind.MALFORMED_REPLY
+    assert reply_content(response("Paris")) == ("Paris", None, None)
+    assert reply_content(response(" \n "))[1] is FailureKind.EMPTY_REPLY
+    assert reply_content(response(None))[1] is FailureKind.EMPTY_REPLY
+    assert reply_content(response([{"type": "text"}]))[1] is FailureKind.MALFORMED_REPLY
+    assert reply_content(SimpleNamespace(choices=[]))[1] is FailureKind.MALFORMED_REPLY
 
 
 async def test_per_call_timeout_is_not_part_of_the_cache_key(fake_server, tmp_path):

@@ -7,8 +7,9 @@ call it directly (``await pool.call(0, messages)``).
 from .cache import CachedReply, ResponseCache, cache_key
 from .config import Secret, WorkerConfigError, WorkerSpec, load_worker_specs
 from .faults import FaultInjector, ProviderFaults, parse_fault_rates
-from .pool import READ_ONLY_MISS, UsageRecord, WorkerPool
+from .pool import READ_ONLY_MISS, WorkerPool
 from .types import FailureKind, Usage, WorkerCaller, WorkerReply
+from .usage import UsageRecord
 
 __all__ = [
     "READ_ONLY_MISS",

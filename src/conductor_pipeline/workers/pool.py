@@ -29,112 +29,38 @@ import asyncio
 import contextlib
 import json
 import logging
-import statistics
-import threading
 import time
 import uuid
 import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .cache import ResponseCache, cache_key
 from .config import WorkerSpec, load_worker_specs
 from .faults import ProviderFaults
-from .pricing import token_prices
+from .responses import (
+    attempts_floor,
+    failure_kind,
+    reply_content,
+    reply_cost,
+    reply_tokens,
+    router_headers,
+)
+from .router import CALL_ID, attempt_counter, build_router
 from .types import FailureKind, Usage, WorkerReply
+from .usage import UsageRecord, usage_summary
 
-__all__ = ["UsageRecord", "WorkerPool"]
+__all__ = ["READ_ONLY_MISS", "WorkerPool"]
 
 log = logging.getLogger(__name__)
 
-_CALL_ID = "conductor_call_id"
-_NO_KEY = "no-key"  # OpenAI-compatible local servers still want some bearer token
 _RESERVED_OVERRIDES = frozenset({"model", "messages", "api_key", "api_base", "metadata", "stream"})
 # call options that do not change what a worker answers, so they stay out of the cache key
 _NOT_IN_KEY = frozenset({"timeout", "num_retries", "max_retries"})
 READ_ONLY_MISS = "cache miss in read_only mode"
-
-
-@dataclass
-class UsageRecord:
-    """One line of the usage log: one call, whatever its outcome."""
-
-    worker: str
-    served_by: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: float
-    latency_s: float
-    cache_hit: bool
-    failure: str | None
-    attempts: int
-    timestamp: float
-    sample_index: int = 0
-    cost_source: str = "none"  # config | litellm | unknown | cache | none
-    error: str | None = None
-
-
-_counter_lock = threading.Lock()
-_counter: Any = None
-
-
-def _attempt_counter() -> Any:
-    """The process-wide litellm logger that counts failed attempts per pool call.
-
-    Each pool call tags its Router request with a fresh id in ``metadata``; litellm reports
-    every failed attempt (retries and fallback hops included) to ``async_log_failure_event``
-    before the Router moves on. One instance serves all pools: litellm de-duplicates loggers
-    of the same class, so per-pool instances would silently not be registered.
-    """
-    global _counter
-    import litellm
-    from litellm.integrations.custom_logger import CustomLogger
-
-    with _counter_lock:
-        if _counter is None:
-
-            class _AttemptCounter(CustomLogger):
-                def __init__(self) -> None:
-                    super().__init__()
-                    self._failures: dict[str, int] = {}
-                    self._lock = threading.Lock()
-
-                async def async_log_failure_event(self, kwargs, response_obj, start_time, end_time):
-                    params = kwargs.get("litellm_params") or {}
-                    metadata = params.get("metadata") or kwargs.get("metadata") or {}
-                    call_id = metadata.get(_CALL_ID) if isinstance(metadata, Mapping) else None
-                    if call_id is None:
-                        return
-                    with self._lock:
-                        if call_id in self._failures:
-                            self._failures[call_id] += 1
-
-                def open(self, call_id: str) -> None:
-                    with self._lock:
-                        self._failures[call_id] = 0
-
-                def close(self, call_id: str) -> int:
-                    with self._lock:
-                        return self._failures.pop(call_id, 0)
-
-            _counter = _AttemptCounter()
-        # re-register if someone reset litellm's callback lists since
-        if _counter not in litellm.callbacks:
-            litellm.callbacks.append(_counter)
-        return _counter
-
-
-def _failure_kind(exc: BaseException) -> FailureKind:
-    import litellm
-
-    if isinstance(exc, litellm.Timeout | asyncio.TimeoutError | TimeoutError):
-        return FailureKind.TIMEOUT
-    if isinstance(exc, litellm.RateLimitError):
-        return FailureKind.RATE_LIMIT
-    return FailureKind.PROVIDER_ERROR
 
 
 class WorkerPool:
@@ -160,9 +86,6 @@ class WorkerPool:
         provider_faults: ProviderFaults | None = None,
         router_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        import litellm
-        from litellm.types.router import RetryPolicy
-
         if not specs:
             raise ValueError("a WorkerPool needs at least one worker")
         names = [spec.name for spec in specs]
@@ -194,45 +117,8 @@ class WorkerPool:
         # sandbox with simulated workers, which only know the prepared tasks; None otherwise
         self.question_check: Any = None
 
-        model_list = []
-        retry_policies = {}
-        for spec in self._specs:
-            params: dict[str, Any] = {
-                "model": spec.model,
-                "timeout": spec.timeout_s,
-                "drop_params": True,
-            }
-            if spec.api_base:
-                params["api_base"] = spec.api_base
-            if spec.api_key:
-                params["api_key"] = spec.api_key.get()
-            elif spec.provider == "openai" and spec.api_base:
-                params["api_key"] = _NO_KEY
-            if provider_faults is not None:
-                params = provider_faults.wrap(spec.name, params)
-            model_list.append({"model_name": spec.name, "litellm_params": params})
-            n = spec.num_retries
-            retry_policies[spec.name] = RetryPolicy(
-                TimeoutErrorRetries=n,
-                RateLimitErrorRetries=n,
-                InternalServerErrorRetries=n,
-                ServiceUnavailableErrorRetries=n,
-                DefaultRetries=n,
-                BadRequestErrorRetries=0,
-                AuthenticationErrorRetries=0,
-                ContentPolicyViolationErrorRetries=0,
-                NotFoundErrorRetries=0,
-            )
-        options: dict[str, Any] = {
-            "model_list": model_list,
-            "fallbacks": [{s.name: list(s.fallbacks)} for s in self._specs if s.fallbacks],
-            "num_retries": 0,
-            "model_group_retry_policy": retry_policies,
-            "disable_cooldowns": True,
-        }
-        options.update(router_kwargs or {})
-        self._counter = _attempt_counter()
-        self.router = litellm.Router(**options)
+        self._counter = attempt_counter()
+        self.router = build_router(self._specs, provider_faults, router_kwargs)
         self._closed = False
 
     @classmethod
@@ -382,14 +268,14 @@ class WorkerPool:
         self._counter.open(call_id)
         try:
             response = await self.router.acompletion(
-                model=spec.name, messages=messages, metadata={_CALL_ID: call_id}, **params
+                model=spec.name, messages=messages, metadata={CALL_ID: call_id}, **params
             )
         except asyncio.CancelledError:
             self._counter.close(call_id)
             raise
         except Exception as exc:
             failed = self._counter.close(call_id)
-            kind = _failure_kind(exc)
+            kind = failure_kind(exc)
             reply = WorkerReply(
                 worker=spec.name,
                 text=None,
@@ -402,24 +288,19 @@ class WorkerPool:
         failed = self._counter.close(call_id)
         latency = time.perf_counter() - started
 
-        headers = self._router_headers(response)
+        headers = router_headers(response)
         served = headers.get("x-litellm-model-group") or spec.name
         if not isinstance(served, str):
             served = spec.name
         # litellm reports the retries of the answering group and the number of fallback hops;
         # the failure count above also sees the retries of the groups that gave up.
-        retries, hops = (
-            headers.get(h) for h in ("x-litellm-attempted-retries", "x-litellm-attempted-fallbacks")
-        )
-        floor = (
-            1
-            + (retries if isinstance(retries, int) else 0)
-            + (hops if isinstance(hops, int) else 0)
-        )
+        floor = attempts_floor(headers)
         served_spec = self._by_name.get(served, spec)
-        text, failure, error = self._content(response)
-        prompt_tokens, completion_tokens = self._tokens(served_spec, messages, response, text)
-        cost, cost_source = self._cost(served_spec, response, prompt_tokens, completion_tokens)
+        text, failure, error = reply_content(response)
+        prompt_tokens, completion_tokens = reply_tokens(served_spec, messages, response, text)
+        cost, cost_source = reply_cost(
+            served_spec, response, prompt_tokens, completion_tokens, self._cost_warned
+        )
         reply = WorkerReply(
             worker=spec.name,
             text=text if failure is None else None,
@@ -435,80 +316,6 @@ class WorkerPool:
             served_by=served if served != spec.name else None,
         )
         return reply, cost_source
-
-    # -- reading responses -------------------------------------------------------------------
-    @staticmethod
-    def _router_headers(response: Any) -> Mapping[str, Any]:
-        hidden = getattr(response, "_hidden_params", None) or {}
-        headers = hidden.get("additional_headers") if isinstance(hidden, Mapping) else None
-        return headers if isinstance(headers, Mapping) else {}
-
-    @staticmethod
-    def _content(response: Any) -> tuple[str | None, FailureKind | None, str | None]:
-        choices = getattr(response, "choices", None)
-        if not choices:
-            return None, FailureKind.MALFORMED_REPLY, "response has no choices"
-        message = getattr(choices[0], "message", None)
-        content = getattr(message, "content", None)
-        if content is None or (isinstance(content, str) and not content.strip()):
-            return None, FailureKind.EMPTY_REPLY, "empty reply"
-        if not isinstance(content, str):
-            return (
-                None,
-                FailureKind.MALFORMED_REPLY,
-                f"reply content is {type(content).__name__}, not text",
-            )
-        return content, None, None
-
-    @staticmethod
-    def _tokens(
-        spec: WorkerSpec, messages: list[dict[str, str]], response: Any, text: str | None
-    ) -> tuple[int, int]:
-        usage = getattr(response, "usage", None)
-        prompt = getattr(usage, "prompt_tokens", None)
-        completion = getattr(usage, "completion_tokens", None)
-        if isinstance(prompt, int) and isinstance(completion, int) and prompt + completion > 0:
-            return prompt, completion
-        import litellm
-
-        try:
-            prompt = litellm.token_counter(model=spec.model, messages=messages)
-        except Exception:
-            prompt = 0
-        try:
-            completion = litellm.token_counter(model=spec.model, text=text) if text else 0
-        except Exception:
-            completion = 0
-        return int(prompt), int(completion)
-
-    def _cost(
-        self, spec: WorkerSpec, response: Any, prompt_tokens: int, completion_tokens: int
-    ) -> tuple[float, str]:
-        if spec.has_prices:  # configured prices win, by the rule of .pricing
-            prompt_price, completion_price = token_prices(spec) or (0.0, 0.0)
-            return prompt_tokens * prompt_price + completion_tokens * completion_price, "config"
-        # Without them the reply itself is priced rather than its token counts at the map's
-        # list price: LiteLLM's completion_cost also reads cached and reasoning tokens.
-        import litellm
-
-        try:
-            cost = float(litellm.completion_cost(completion_response=response, model=spec.model))
-        except Exception as exc:
-            cost, reason = 0.0, type(exc).__name__
-        else:
-            reason = "priced at $0"
-        if cost > 0 or prompt_tokens + completion_tokens == 0:
-            return cost, "litellm"
-        if spec.model not in self._cost_warned:
-            self._cost_warned.add(spec.model)
-            log.warning(
-                "litellm has no price for %s (%s); counting $0. Set input_cost_per_token and "
-                "output_cost_per_token for worker %r.",
-                spec.model,
-                reason,
-                spec.name,
-            )
-        return 0.0, "unknown"
 
     # -- records ------------------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
@@ -549,28 +356,7 @@ class WorkerPool:
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per requested worker, over the calls ``usage_log`` keeps: calls, outcomes, tokens,
         dollars, latency, attempts."""
-        out: dict[str, dict[str, Any]] = {}
-        for name in self.names:
-            rows = [r for r in self.usage_log if r.worker == name]
-            failures: dict[str, int] = {}
-            for r in rows:
-                if r.failure:
-                    failures[r.failure] = failures.get(r.failure, 0) + 1
-            latencies = [r.latency_s for r in rows if not r.cache_hit]
-            out[name] = {
-                "calls": len(rows),
-                "ok": sum(1 for r in rows if r.failure is None),
-                "failures": failures,
-                "cache_hits": sum(1 for r in rows if r.cache_hit),
-                "fallback_served": sum(1 for r in rows if r.served_by),
-                "attempts": sum(r.attempts for r in rows),
-                "prompt_tokens": sum(r.prompt_tokens for r in rows),
-                "completion_tokens": sum(r.completion_tokens for r in rows),
-                "cost_usd": sum(r.cost_usd for r in rows),
-                "latency_p50_s": statistics.median(latencies) if latencies else 0.0,
-                "latency_mean_s": statistics.fmean(latencies) if latencies else 0.0,
-            }
-        return out
+        return usage_summary(self.names, self.usage_log)
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def aclose(self) -> None:
