@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conductor_pipeline.tasks import Task, sandbox_harness, sandbox_launcher, verify
+from conductor_pipeline.tasks import Task, sandbox_child, sandbox_launcher, verify
 from conductor_pipeline.tasks.code_sandbox import SandboxLimits, run_function_tests
 from conductor_pipeline.tasks.sandbox_plain import decode, encode
 from conductor_pipeline.tasks.sandbox_process import read_report
@@ -182,8 +182,8 @@ def test_the_candidate_holds_neither_channel_nor_key() -> None:
         + "    return a + b\n"
     )
     assert run_function_tests(probe, CHECK, "add", limits=LIMITS).all_passed
-    assert sandbox_harness.REPORT_FD == sandbox_launcher.REPORT_FD
-    assert sandbox_harness.KEY_FD == sandbox_launcher.KEY_FD
+    assert sandbox_child.REPORT_FD == sandbox_launcher.REPORT_FD
+    assert sandbox_child.KEY_FD == sandbox_launcher.KEY_FD
 
 
 def test_peeking_at_the_tests_does_not_pass() -> None:

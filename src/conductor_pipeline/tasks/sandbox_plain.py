@@ -1,10 +1,11 @@
 """Plain data: the only values that cross between the check driver and the candidate.
 
-Used by ``sandbox_harness`` on both sides of HumanEval's two-process check (and copied
-next to it into the sandbox, so it uses the standard library only). A value is *plain* when
-it is built from None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict,
-set and frozenset; ``decode`` only ever builds objects of exactly those types, so a
-comparison with a decoded value runs Python's own ``==``, never one the candidate wrote.
+Used by ``sandbox_check`` (check mode of ``sandbox_harness``) on both sides of HumanEval's
+two-process check (and copied next to it into the sandbox, so it uses the standard library
+only). A value is *plain* when it is built from None, bool, int, float, complex, str, bytes,
+bytearray, list, tuple, dict, set and frozenset; ``decode`` only ever builds objects of
+exactly those types, so a comparison with a decoded value runs Python's own ``==``, never
+one the candidate wrote.
 """
 
 from __future__ import annotations

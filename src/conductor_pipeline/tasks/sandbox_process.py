@@ -45,8 +45,9 @@ SOLUTION_FILE = "solution.py"
 TEST_FILE = "tests.py"
 CONTEXT_FILE = "context.py"  # trusted source the check driver runs before the tests
 _RUNNER_FILE = "_sandbox_runner.py"
-# The harness's plain-data codec, imported by the harness from its own directory.
-_PLAIN_FILE = "sandbox_plain.py"
+# The modules the harness imports from its own directory (its shared parts, check mode and
+# the plain-data codec), copied under their own names.
+_HARNESS_MODULES = ("sandbox_child.py", "sandbox_check.py", "sandbox_plain.py")
 ARGS_FILE = "call_args.json"
 # Fresh uids are drawn from here: far above any real account, well inside a full uid map.
 _UID_BASE = 1_000_000
@@ -133,7 +134,7 @@ def execute(
         if want_report:
             os.write(key_w, key)  # 32 bytes fit in any pipe buffer: no blocking
             os.close(key_w)
-        names = [*files, _RUNNER_FILE, _PLAIN_FILE]
+        names = [*files, *_harness_files()]
         config = _launch_config(workdir, names, runner_args, limits)
         config.update(status_fd=status_w, report_fd=report_w, key_fd=key_r)
         try:
@@ -202,10 +203,10 @@ def _harness_files() -> dict[str, str]:
     # The harness is a module of this package; the child gets a copy in its workdir,
     # because in a private mount namespace the project directory is hidden.
     here = Path(__file__).parent
-    return {
-        _RUNNER_FILE: (here / "sandbox_harness.py").read_text(encoding="utf-8"),
-        _PLAIN_FILE: (here / "sandbox_plain.py").read_text(encoding="utf-8"),
-    }
+    files = {_RUNNER_FILE: (here / "sandbox_harness.py").read_text(encoding="utf-8")}
+    for name in _HARNESS_MODULES:
+        files[name] = (here / name).read_text(encoding="utf-8")
+    return files
 
 
 def _write_workdir(tmp: str, files: dict[str, str], stdin: str) -> str:
