@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor_pipeline.tasks import sandbox_process
+from conductor_pipeline.tasks import sandbox_setup
 from conductor_pipeline.tasks.code_sandbox import run_python
 
 SLEEP = "/bin/sleep"
@@ -60,7 +60,7 @@ def _processes_named(marker: str) -> list[int]:
 @pytest.fixture(params=["as-this-machine-allows", "unprivileged"])
 def mode(request, monkeypatch) -> str:
     if request.param == "unprivileged":
-        monkeypatch.setattr(sandbox_process, "_kernel_layers_allowed", lambda: False)
+        monkeypatch.setattr(sandbox_setup, "_kernel_layers_allowed", lambda: False)
     return request.param
 
 

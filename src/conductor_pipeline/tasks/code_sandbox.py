@@ -36,10 +36,13 @@ preamble and cleanenv are available; RLIMIT_NPROC is then set relative to the us
 current process count.
 
 The work is split over these modules: this one (the public runners and how a test verdict
-is read), ``sandbox_process`` (parent side: start, watch, kill, interpret),
-``sandbox_launcher`` (privileged set-up in a fresh process, run as a script),
-``sandbox_harness`` (the program the candidate's interpreter runs) and ``sandbox_plain``
-(the plain-data codec of HumanEval's two-process check). Why a test verdict cannot be
+is read), on the parent side ``sandbox_process`` (run one, interpret what happened),
+``sandbox_setup`` (limits, working directory, the launcher's configuration) and
+``sandbox_watch`` (read the output, kill what is left), ``sandbox_launcher`` (privileged
+set-up in a fresh process, run as a script), and in the candidate's interpreter
+``sandbox_harness`` (the program it runs), ``sandbox_child`` (what its modes share),
+``sandbox_check`` (HumanEval's two-process check) and ``sandbox_plain`` (the plain-data
+codec of that check). Why a test verdict cannot be
 forged by the code under test, and where that stops, is explained in ``sandbox_harness``.
 
 Interpreter flags for the candidate: ``-s -S -B``. ``-S`` (no ``site``) keeps third-party
@@ -59,14 +62,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conductor_pipeline.tasks.sandbox_process import (
+from conductor_pipeline.tasks.sandbox_process import SandboxResult, execute
+from conductor_pipeline.tasks.sandbox_setup import (
     ARGS_FILE,
     CONTEXT_FILE,
     SOLUTION_FILE,
     TEST_FILE,
     SandboxLimits,
-    SandboxResult,
-    execute,
 )
 
 __all__ = [
