@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from conductor_pipeline.training.configs import TrainingConfig, grpo_args
+from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.grpo import train_conductor
 from conductor_pipeline.training.inputs import PoolInfo, build_prompt_dataset
+from conductor_pipeline.training.trainer_args import grpo_args
 from conductor_pipeline.workflow import conductor_messages, parse_workflow
 from conductor_pipeline.workflow.config import orchestration_config, prompt_config
 

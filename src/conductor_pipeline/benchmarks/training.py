@@ -198,8 +198,8 @@ def _run_grpo_steps(
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from conductor_pipeline.training.configs import grpo_args, lora_config
     from conductor_pipeline.training.models import load_base, num_layers
+    from conductor_pipeline.training.trainer_args import grpo_args, lora_config
 
     figures: dict[str, list[float]] = defaultdict(list)
 
@@ -236,7 +236,7 @@ def training_step_benchmark(
     warmup: int = 1,
 ) -> dict[str, Any]:
     """Seconds per GRPO step of stock ``trl.GRPOTrainer`` and of the project's trainer, with
-    the same ``GRPOConfig`` (``grpo.grpo_args(config)``), model, LoRA, prompts and reward.
+    the same ``GRPOConfig`` (``trainer_args.grpo_args(config)``), model, LoRA, prompts and reward.
 
     Each trainer trains ``warmup + steps`` steps; the first ``warmup`` are not measured.
     ``generation_s`` is the time in ``_generate_single_turn``, ``scoring_s`` the loss

@@ -3,8 +3,9 @@
 ``TrainingConfig.from_params(params["training"])`` builds the whole tree and raises
 :class:`TrainingConfigError` naming the offending key (``training.grpo.lerning_rate: unknown
 key ...``) before any model is loaded. Nothing here imports torch, TRL, Kedro or MLflow at
-import time; :func:`grpo_args` and :func:`lora_config` turn a config into TRL's ``GRPOConfig``
-and PEFT's ``LoraConfig`` and import those libraries when called.
+import time; ``training.trainer_args`` (``grpo_args``, ``lora_config``) turns a config into
+TRL's ``GRPOConfig`` and PEFT's ``LoraConfig`` and imports those libraries when called, and
+``training.config_builder`` checks each key and value of the mapping.
 
 Layout of the ``training`` mapping (every key optional; defaults are the sandbox values)::
 
@@ -26,16 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from conductor_pipeline.config_checks import check_int, check_keys
 from conductor_pipeline.hashing import content_hash
+from conductor_pipeline.training.config_builder import build_dataclass
 
 __all__ = [
     "FULL_FINETUNE_LR",
@@ -49,8 +46,6 @@ __all__ = [
     "SFTSettings",
     "TrainingConfig",
     "TrainingConfigError",
-    "grpo_args",
-    "lora_config",
 ]
 
 # ``base_model`` value meaning "the offline SmolLM2 copy made by workers.local_model".
@@ -374,7 +369,7 @@ class TrainingConfig:
         cls, params: Mapping[str, Any] | None, where: str = "training"
     ) -> TrainingConfig:
         """Build and validate from the ``training`` parameters mapping."""
-        return _build(cls, params or {}, where)
+        return build_dataclass(cls, params or {}, where, TrainingConfigError)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-friendly dict (tuples as lists); ``from_params`` reads it back."""
@@ -394,190 +389,3 @@ class TrainingConfig:
         for key in self._OPERATIONAL_GRPO:
             data["grpo"].pop(key, None)
         return content_hash(data)
-
-
-# -- TRL and PEFT arguments ----------------------------------------------------------------
-
-
-def _world_size() -> int:
-    try:
-        return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
-    except ValueError:
-        return 1
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def grpo_args(
-    config: TrainingConfig,
-    output_dir: str | Path,
-    *,
-    max_steps: int | None = None,
-    use_cpu: bool | None = None,
-    world_size: int | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Any:
-    """The ``GRPOConfig`` for ``config``.
-
-    Batch: one optimizer step = ``prompts_per_step * num_generations`` completions,
-    generated at once (``generation_batch_size``) and processed in micro-batches of
-    ``micro_batch_size`` per device with gradient accumulation. CPU: ``use_cpu``, fp32, no
-    gradient checkpointing, no vLLM. Reporting is off (``report_to="none"``): metrics go
-    through :class:`MetricsCallback` so that TRL does not log its ~220 params to MLflow.
-    ``overrides`` are extra ``GRPOConfig`` arguments that win (advanced use, tests).
-    """
-    from trl import GRPOConfig
-
-    g = config.grpo
-    use_cpu = (not _cuda_available()) if use_cpu is None else use_cpu
-    world = world_size or _world_size()
-    micro = g.micro_batch_size or g.batch_size
-    if g.batch_size % (micro * world):
-        raise ValueError(
-            f"training.grpo: prompts_per_step * num_generations ({g.batch_size}) must be "
-            f"divisible by micro_batch_size * processes ({micro} * {world})"
-        )
-    accumulation = g.batch_size // (micro * world)
-    if g.use_vllm and use_cpu:
-        raise ValueError("training.grpo.use_vllm needs a CUDA GPU; set it to false on CPU")
-    kwargs: dict[str, Any] = {}
-    if g.use_vllm:
-        kwargs.update(
-            use_vllm=True,
-            vllm_mode=g.vllm_mode,
-            vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
-        )
-        if g.vllm_mode == "server" and g.vllm_server_base_url:
-            kwargs["vllm_server_base_url"] = g.vllm_server_base_url
-    values: dict[str, Any] = dict(
-        output_dir=str(output_dir),
-        max_steps=max_steps if max_steps is not None else g.max_steps,
-        num_generations=g.num_generations,
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accumulation,
-        max_completion_length=g.max_completion_length,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        learning_rate=g.learning_rate,
-        lr_scheduler_type=g.lr_scheduler_type,
-        warmup_steps=g.warmup_ratio,
-        weight_decay=g.weight_decay,
-        max_grad_norm=g.max_grad_norm,
-        loss_type=g.loss_type,
-        beta=g.beta,
-        epsilon=g.epsilon,
-        scale_rewards=g.scale_rewards,
-        num_iterations=g.num_iterations,
-        # balanced_domains: the rows are already in the order the steps take them
-        shuffle_dataset=not g.balanced_domains,
-        save_strategy="steps",
-        save_steps=g.save_steps,
-        save_total_limit=g.save_total_limit,
-        logging_steps=1,
-        report_to="none",
-        disable_tqdm=True,
-        seed=config.seed,
-        data_seed=config.seed,
-        use_cpu=use_cpu,
-        bf16=bool(g.bf16 and not use_cpu),
-        gradient_checkpointing=bool(g.gradient_checkpointing and not use_cpu),
-        dataloader_num_workers=0,
-        **kwargs,
-    )
-    values.update(overrides or {})
-    return GRPOConfig(**values)
-
-
-def lora_config(config: TrainingConfig, num_layers: int | None = None) -> Any:
-    """The PEFT ``LoraConfig``, or ``None`` when LoRA is disabled (full fine-tune).
-
-    ``num_layers`` (the model's decoder depth) is needed when ``lora.last_layers`` is set.
-    """
-    if not config.lora.enabled:
-        return None
-    from peft import LoraConfig
-
-    lora = config.lora
-    layers = None
-    if lora.last_layers is not None and num_layers is not None:
-        first = max(num_layers - lora.last_layers, 0)
-        layers = list(range(first, num_layers))
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        layers_to_transform=layers,
-        task_type="CAUSAL_LM",
-    )
-
-
-# -- generic builder -------------------------------------------------------------------------
-
-
-def _build(cls: type, data: Any, where: str) -> Any:
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, Mapping):
-        raise TrainingConfigError(f"{where}: must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    check_keys(where, data, fields, error=TrainingConfigError)
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        kwargs[name] = _coerce(hints[name], value, f"{where}.{name}")
-    try:
-        return cls(**kwargs)
-    except ValueError as err:
-        if isinstance(err, TrainingConfigError):
-            raise
-        message = str(err)
-        first = message.split(" ", 1)[0]
-        path = f"{where}.{first}" if first in fields else where
-        raise TrainingConfigError(f"{path}: {message}") from None
-
-
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            if type(None) in args:
-                return None
-            raise TrainingConfigError(f"{where}: must not be null")
-        non_null = [a for a in args if a is not type(None)]
-        return _coerce(non_null[0], value, where)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise TrainingConfigError(f"{where}: must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        return check_int(value, where, minimum=None, error=TrainingConfigError)
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TrainingConfigError(f"{where}: must be a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise TrainingConfigError(f"{where}: must be a string, got {value!r}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            raise TrainingConfigError(f"{where}: must be a list, got {value!r}")
-        if not all(isinstance(v, str) for v in value):
-            raise TrainingConfigError(f"{where}: entries must be strings")
-        return tuple(value)
-    if origin in (Mapping, dict) or hint in (Mapping, dict):
-        if not isinstance(value, Mapping):
-            raise TrainingConfigError(f"{where}: must be a mapping, got {value!r}")
-        if not all(isinstance(k, str) for k in value):
-            raise TrainingConfigError(f"{where}: keys must be strings")
-        value_hint = args[1] if len(args) == 2 else str
-        return {k: _coerce(value_hint, v, f"{where}.{k}") for k, v in value.items()}
-    return value

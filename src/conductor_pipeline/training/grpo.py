@@ -54,11 +54,7 @@ from conductor_pipeline.training.callbacks import (
     install_log_filter,
 )
 from conductor_pipeline.training.caps import CapsCallback, RunCaps, TrainingStopped
-from conductor_pipeline.training.configs import (
-    TrainingConfig,
-    grpo_args,
-    lora_config,
-)
+from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.inputs import PoolInfo, build_prompt_dataset, data_version
 from conductor_pipeline.training.models import (
     TrainerPolicy,
@@ -72,6 +68,7 @@ from conductor_pipeline.training.models import (
 from conductor_pipeline.training.rewards import ConductorReward
 from conductor_pipeline.training.rollout_stats import RolloutStats
 from conductor_pipeline.training.sft import WarmStart, sft_warm_start
+from conductor_pipeline.training.trainer_args import grpo_args, lora_config
 from conductor_pipeline.workflow import Budget, PromptConfig, shown_worker_descriptions
 from conductor_pipeline.workflow.config import prompt_config as conductor_prompt_config
 

@@ -26,9 +26,10 @@ from typing import Any
 
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.artifacts import adapter_ready
-from conductor_pipeline.training.configs import SFTSettings, TrainingConfig, lora_config
+from conductor_pipeline.training.configs import SFTSettings, TrainingConfig
 from conductor_pipeline.training.models import load_base, num_layers
 from conductor_pipeline.training.planner import ReferencePlanner
+from conductor_pipeline.training.trainer_args import lora_config
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
 
 __all__ = [
