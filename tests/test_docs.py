@@ -17,7 +17,8 @@ a colon:
   port; the block's `127.0.0.1:8700` is replaced by the port the server took.
 
 A block repeated elsewhere with the same commands (comments aside) runs once, under the name
-of its first place.
+of its first place. A block fails when its output carries the sandbox's note that a question
+is not one of its prepared tasks: the docs ask questions the sandbox answers for real.
 """
 
 from __future__ import annotations
