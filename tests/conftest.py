@@ -5,17 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# Set before any test module imports litellm, transformers, datasets or kedro.
-_OFFLINE = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "KEDRO_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-os.environ.update(_OFFLINE)
+from conductor_pipeline.offline import OFFLINE_DEFAULTS
+
+# Set before any test module imports litellm, transformers, datasets or kedro (forced, not
+# defaulted: a developer's HF_HUB_OFFLINE=0 must not reach the tests).
+os.environ.update(OFFLINE_DEFAULTS)
 # One plain copy of SmolLM2 for the whole session (the checkout's, as `make run` makes it):
 # project copies would otherwise each convert the GGUF again, ~20 s apiece on 2 cores.
 # Tests of the conversion itself set their own folder.

@@ -39,6 +39,8 @@ import httpx
 import pytest
 import yaml
 
+from conductor_pipeline.offline import OFFLINE_DEFAULTS
+
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 MARKER = re.compile(r"^<!--\s*runnable(?P<slow>\s+slow)?(?:\s*:\s*(?P<state>[^>]*?))?\s*-->\s*$")
@@ -50,16 +52,7 @@ STATES = ("", AFTER_MAKE_RUN, SERVED)
 SERVED_ADDRESS = "127.0.0.1:8700"
 FENCE = re.compile(r"^(?P<fence>`{3,})(?P<info>[^`]*)$")
 # the environment the Makefile exports: nothing reaches beyond 127.0.0.1
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "KEDRO_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "NO_MKDOCS_2_WARNING": "1",
-}
+OFFLINE_ENV = {**OFFLINE_DEFAULTS, "NO_MKDOCS_2_WARNING": "1"}
 
 
 @dataclass(frozen=True)
