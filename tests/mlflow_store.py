@@ -4,8 +4,25 @@ registry with a few versions of ``conductor``. Each conftest imports the ones it
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import pytest
+
+
+def register_adapter(adapter: Path, artifact_location: Path, *, experiment: str) -> str:
+    """Log the folder ``adapter`` in a run of a new ``experiment`` (artifacts under
+    ``artifact_location``) and register it as the first version of `conductor`, as training
+    does; returns the version."""
+    experiment_id = mlflow.create_experiment(experiment, artifact_location=str(artifact_location))
+    with mlflow.start_run(experiment_id=experiment_id) as run:
+        mlflow.log_artifacts(str(adapter), "adapter")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("conductor")
+    created = client.create_model_version(
+        "conductor", f"{run.info.artifact_uri}/adapter", run_id=run.info.run_id
+    )
+    return str(created.version)
 
 
 @pytest.fixture

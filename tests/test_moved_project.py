@@ -16,6 +16,7 @@ from conductor_pipeline.evaluation import summarise, summarise_by_domain
 from conductor_pipeline.paths import mlflow_tracking_uri, project_relative
 from conductor_pipeline.registry import resolve_adapter
 from conductor_pipeline.workflow.adapter_base import check_adapter_base
+from tests.mlflow_store import register_adapter
 from tests.path_scan import old_path_mentions
 from tests.reporting.conftest import make_results
 
@@ -100,17 +101,8 @@ def _project(root: Path) -> None:
 
     (root / "mlruns").mkdir()
     mlflow.set_tracking_uri(mlflow_tracking_uri(root))
-    experiment = mlflow.create_experiment(
-        "conductor", artifact_location=str(root / "mlruns" / "artifacts")
-    )
-    with mlflow.start_run(experiment_id=experiment) as run:
-        mlflow.log_artifacts(str(adapter), "adapter")
-    client = mlflow.MlflowClient()
-    client.create_registered_model("conductor")
-    version = client.create_model_version(
-        "conductor", f"{run.info.artifact_uri}/adapter", run_id=run.info.run_id
-    ).version
-    client.set_model_version_tag("conductor", version, "run_fingerprint", "fp-1")
+    version = register_adapter(adapter, root / "mlruns" / "artifacts", experiment="conductor")
+    mlflow.MlflowClient().set_model_version_tag("conductor", version, "run_fingerprint", "fp-1")
 
     out = root / "data" / "08_reporting"
     out.mkdir()

@@ -25,6 +25,7 @@ from conductor_pipeline.registry import (
 )
 from conductor_pipeline.training.configs import SMOLLM2
 from conductor_pipeline.workers.local_model import DEFAULT_CACHE_RELATIVE
+from tests.mlflow_store import register_adapter
 from tests.path_scan import old_path_mentions
 from tests.training.project_copy import write_training_project
 
@@ -85,17 +86,8 @@ def _store_with_champion(root: Path) -> None:
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
     (root / "mlruns").mkdir()
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
-    experiment = mlflow.create_experiment(
-        "conductor", artifact_location=f"{root / 'mlruns' / 'artifacts'}"
-    )
-    with mlflow.start_run(experiment_id=experiment) as run:
-        mlflow.log_artifacts(str(adapter), "adapter")
-    client = mlflow.MlflowClient()
-    client.create_registered_model("conductor")
-    version = client.create_model_version(
-        "conductor", f"{run.info.artifact_uri}/adapter", run_id=run.info.run_id
-    ).version
-    client.set_registered_model_alias("conductor", "champion", version)
+    version = register_adapter(adapter, root / "mlruns" / "artifacts", experiment="conductor")
+    mlflow.MlflowClient().set_registered_model_alias("conductor", "champion", version)
     # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; a fresh process in the moved
     # copy would not have it
     mlflow.set_tracking_uri(None)

@@ -12,6 +12,7 @@ import mlflow
 import pytest
 
 from conductor_pipeline.evaluation import summarise, summarise_by_domain
+from tests.mlflow_store import register_adapter
 from tests.reporting.conftest import REPO, make_results
 
 
@@ -33,19 +34,12 @@ def project(tmp_path, monkeypatch) -> Path:
 def _register_version(root: Path) -> str:
     (root / "mlruns").mkdir(exist_ok=True)
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
-    experiment = mlflow.create_experiment("training", artifact_location=str(root / "mlruns" / "a"))
     adapter = root / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
-    with mlflow.start_run(experiment_id=experiment) as run:
-        mlflow.log_artifacts(str(adapter), "adapter")
-    client = mlflow.MlflowClient()
-    client.create_registered_model("conductor")
-    version = client.create_model_version(
-        "conductor", f"{run.info.artifact_uri}/adapter", run_id=run.info.run_id
-    ).version
-    client.set_model_version_tag("conductor", version, "run_fingerprint", "fp-1")
-    return str(version)
+    version = register_adapter(adapter, root / "mlruns" / "a", experiment="training")
+    mlflow.MlflowClient().set_model_version_tag("conductor", version, "run_fingerprint", "fp-1")
+    return version
 
 
 def _write_evaluation(root: Path, version: str) -> None:
