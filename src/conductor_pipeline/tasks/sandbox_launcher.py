@@ -34,6 +34,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 # Workdir inside the private mount namespace; a fixed path keeps tracebacks reproducible.
@@ -393,21 +394,28 @@ def _children(pid: int) -> list[int]:
         return [child for child, parent in _parents().items() if parent == pid]
 
 
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process ``/proc`` shows."""
-    parents = {}
+def proc_files(name: str) -> Iterator[tuple[int, str]]:
+    """(pid, text of ``/proc/<pid>/<name>``) for every process ``/proc`` shows and lets us
+    read; a process that ends while we look is skipped."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
-                stat = fh.read()
+            with open(f"/proc/{entry}/{name}", encoding="ascii", errors="replace") as fh:
+                text = fh.read()
         except OSError:
             continue
+        yield int(entry), text
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process ``/proc`` shows."""
+    parents = {}
+    for pid, stat in proc_files("stat"):
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses
         fields = stat.rpartition(")")[2].split()
         if len(fields) > 1 and fields[1].isdigit():
-            parents[int(entry)] = int(fields[1])
+            parents[pid] = int(fields[1])
     return parents
 
 

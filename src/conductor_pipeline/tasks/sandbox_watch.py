@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from conductor_pipeline.tasks.sandbox_launcher import end_descendants
+from conductor_pipeline.tasks.sandbox_launcher import end_descendants, proc_files
 from conductor_pipeline.tasks.sandbox_setup import SandboxLimits
 
 __all__ = ["Watch", "drain", "kill_uid", "reap", "watch_run"]
@@ -136,20 +136,13 @@ def kill_uid(uid: int) -> None:
     """Kill every process running under ``uid`` (a fresh uid only this run used)."""
     for _ in range(20):
         found = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/status", encoding="ascii", errors="replace") as fh:
-                    status = fh.read()
-            except OSError:
-                continue
+        for pid, status in proc_files("status"):
             match = re.search(r"^Uid:\s+(\d+)", status, re.M)
             zombie = re.search(r"^State:\s+Z", status, re.M) is not None  # dead, awaiting reaping
             if match and int(match.group(1)) == uid and not zombie:
                 found = True
                 with contextlib.suppress(OSError):
-                    os.kill(int(entry), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
         if not found:
             return
         time.sleep(0.01)
