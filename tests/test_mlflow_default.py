@@ -18,10 +18,10 @@ import conductor_pipeline
 from conductor_pipeline.mlflow_default import (
     HOOK_FILE,
     HOOK_LINE,
-    enclosing_project,
     install_hook,
     use_project_tracking_uri,
 )
+from conductor_pipeline.paths import enclosing_project
 
 # the README's lines, as a user types them in a script or a notebook cell
 README_LINES = """\

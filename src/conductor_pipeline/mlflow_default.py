@@ -20,30 +20,17 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from conductor_pipeline.paths import _is_project_root, mlflow_tracking_uri
+from conductor_pipeline.paths import enclosing_project, mlflow_tracking_uri
 
 HOOK_FILE = "conductor_pipeline_mlflow.pth"
 # one line: site.py executes .pth lines that start with "import"
 HOOK_LINE = "import conductor_pipeline.mlflow_default as _hook; _hook.startup()\n"
 
 
-def enclosing_project(cwd: Path | None = None) -> Path | None:
-    """The project root at or above ``cwd`` (``CONDUCTOR_PROJECT_ROOT`` wins when set), or
-    ``None`` outside any project. Unlike ``paths.find_project_root`` there is no fallback to
-    the checkout the package was installed from: outside the project, MLflow's own default
-    stays."""
-    override = os.environ.get("CONDUCTOR_PROJECT_ROOT")
-    if override:
-        return Path(override).resolve()
-    start = (cwd or Path.cwd()).resolve()
-    for candidate in (start, *start.parents):
-        if _is_project_root(candidate):
-            return candidate
-    return None
-
-
 def use_project_tracking_uri(cwd: Path | None = None) -> str | None:
-    """Set ``MLFLOW_TRACKING_URI`` to the enclosing project's store when it is unset; returns
+    """Set ``MLFLOW_TRACKING_URI`` to the enclosing project's store when it is unset (no
+    fallback to the checkout the package was installed from, unlike
+    ``paths.find_project_root``: outside the project MLflow's own default stays); returns
     the URI set, or ``None`` when nothing changed (already set, or outside a project)."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return None

@@ -25,18 +25,27 @@ def _is_project_root(candidate: Path) -> bool:
     return kedro_table.get("package_name") == _PACKAGE
 
 
-def find_project_root(start: Path | None = None) -> Path:
-    """The nearest directory at or above ``start`` (default: the working directory)
-    that holds this project's ``pyproject.toml``; ``CONDUCTOR_PROJECT_ROOT`` wins when set.
-    Falls back to the checkout this package was installed from (editable installs)."""
+def enclosing_project(start: Path | None = None) -> Path | None:
+    """The nearest directory at or above ``start`` (default: the working directory) that
+    holds this project's ``pyproject.toml``; ``CONDUCTOR_PROJECT_ROOT`` wins when set;
+    ``None`` outside any project."""
     override = os.environ.get("CONDUCTOR_PROJECT_ROOT")
     if override:
         return Path(override).resolve()
-    for origin in (start or Path.cwd(), Path(__file__)):
-        origin = origin.resolve()
-        for candidate in (origin, *origin.parents):
-            if _is_project_root(candidate):
-                return candidate
+    origin = (start or Path.cwd()).resolve()
+    for candidate in (origin, *origin.parents):
+        if _is_project_root(candidate):
+            return candidate
+    return None
+
+
+def find_project_root(start: Path | None = None) -> Path:
+    """:func:`enclosing_project`, falling back to the checkout this package was installed
+    from (editable installs)."""
+    for origin in (start, Path(__file__)):  # None: the working directory
+        found = enclosing_project(origin)
+        if found is not None:
+            return found
     raise RuntimeError(
         "Cannot find the conductor-pipeline project root (a pyproject.toml with "
         "[tool.kedro] package_name = 'conductor_pipeline'); run from inside the project "
