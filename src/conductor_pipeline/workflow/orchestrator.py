@@ -212,6 +212,11 @@ async def _sample_workflow(
     return None
 
 
+def _kept(round_index: int, workflow: Workflow | None, note: str) -> RoundRecord:
+    """A recursion round that ran nothing and kept the previous round's answer, and why."""
+    return RoundRecord(round_index, workflow, None, kept_previous=True, note=note)
+
+
 async def orchestrate(
     question: str,
     policy: ConductorPolicy,
@@ -277,15 +282,7 @@ async def orchestrate(
         # so the Conductor is not asked for one
         spent = budget.refusal(0, 0, 0.0) or stopped_by
         if spent is not None:
-            rounds.append(
-                RoundRecord(
-                    round_index,
-                    None,
-                    None,
-                    kept_previous=True,
-                    note=f"budget spent ({spent}); previous answer kept",
-                )
-            )
+            rounds.append(_kept(round_index, None, f"budget spent ({spent}); previous answer kept"))
             stopped_by = stopped_by or spent
             break
         messages = recursion_messages(
@@ -295,26 +292,10 @@ async def orchestrate(
             policy, messages, n_workers, config, question, round_index, calls, emit
         )
         if revised is None:
-            rounds.append(
-                RoundRecord(
-                    round_index,
-                    None,
-                    None,
-                    kept_previous=True,
-                    note="no parseable revision; previous answer kept",
-                )
-            )
+            rounds.append(_kept(round_index, None, "no parseable revision; previous answer kept"))
             break
         if revised.is_empty:
-            rounds.append(
-                RoundRecord(
-                    round_index,
-                    revised,
-                    None,
-                    kept_previous=True,
-                    note="Conductor kept the previous answer",
-                )
-            )
+            rounds.append(_kept(round_index, revised, "Conductor kept the previous answer"))
             break
         # "all" steps of this round also see the round before (the paper's recursion)
         before = next(r.execution for r in reversed(rounds) if r.execution is not None)
