@@ -5,6 +5,8 @@
   node function);
 - the core packages (``workflow``, ``workers``, ``tasks``) import neither Kedro nor MLflow,
   nor the packages built on them;
+- the generation engine (``generation``) sits below every package that generates: it imports
+  none of them, nor Kedro or MLflow;
 - no circle of module-level imports (``if TYPE_CHECKING:`` ones included: a circle there is
   still two modules that each need the other); imports inside functions are left out.
 """
@@ -22,6 +24,7 @@ PACKAGE = "conductor_pipeline"
 ROOT = Path(conductor_pipeline.__file__).parent
 
 CORE = ("workflow", "workers", "tasks")
+ENGINE = "generation"
 ABOVE_CORE = ("pipelines", "serving", "training", "evaluation", "reporting")
 # Modules outside pipelines/ that import from it, inside a function only, and why.
 PIPELINE_CALLERS = {
@@ -108,6 +111,18 @@ def test_the_core_packages_import_no_framework_and_nothing_built_on_them():
         if any(_within(imp.target, b) for b in banned)
     ]
     assert not wrong, "workflow, workers and tasks stay below the framework:\n" + "\n".join(wrong)
+
+
+def test_the_generation_engine_imports_nothing_above_it():
+    banned = ("kedro", "mlflow", *(f"{PACKAGE}.{p}" for p in (*CORE, *ABOVE_CORE)))
+    wrong = [
+        f"{modules()[name].relative_to(ROOT)}:{imp.line} imports {imp.target}"
+        for name, found in imports().items()
+        if _within(name, f"{PACKAGE}.{ENGINE}")
+        for imp in found
+        if any(_within(imp.target, b) for b in banned)
+    ]
+    assert not wrong, "generation sits below the packages that generate:\n" + "\n".join(wrong)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -1,0 +1,24 @@
+"""The local generation engine: what serving, evaluation, ``conductor ask`` and GRPO rollouts
+share to turn a prompt into tokens on this machine.
+
+It sits below ``workflow``, ``workers``, ``serving`` and ``training`` and imports none of
+them (``tests/test_imports.py``); it needs torch and transformers only.
+
+Private hooks the engine and its callers rely on, checked against torch 2.13.0,
+transformers 5.17.0 and TRL 1.16.0 (``tests/generation/test_private_hooks.py`` fails when an
+upgrade moves one):
+
+- transformers: ``PretrainedConfig._attn_implementation`` (switched for the duration of a
+  rollout), attention functions receiving the model call's extra keyword arguments,
+  ``AttentionInterface``/``AttentionMaskInterface.register`` with ``masking_utils.sdpa_mask``,
+  the attention module's ``layer_idx``, ``is_causal`` and ``num_key_value_groups``;
+  ``cache_utils.DynamicLayer``'s ``keys``, ``values``, ``is_initialized`` and
+  ``lazy_initialization``, ``Cache(layers=...)``; the Llama layout (``embed_tokens``,
+  ``layers``, ``rotary_emb``, ``norm``, layers called with ``position_embeddings``);
+  ``GenerationMixin._prepare_generation_config`` and ``_get_logits_processor`` (which
+  warpers TRL's generation config asks for).
+- TRL: ``GRPOTrainer._generate_single_turn`` and ``_get_per_token_logps_and_entropies``
+  (overridden), and its ``eos_token_ids``, ``generation_config``, ``_is_vlm``, ``use_vllm``
+  and ``_entropy_bonus_enabled`` attributes.
+- torch: none (``scaled_dot_product_attention(enable_gqa=...)`` is public since 2.5).
+"""
