@@ -5,7 +5,7 @@ sandbox shape: LoRA on the last layers) and without dropout, so that the fast pa
 stock ``GRPOTrainer`` can be compared on the same model: per-token log-probabilities,
 entropies and LoRA gradients, for groups whose prompts differ in length, with and without
 the states recorded while generating; completions (greedy at a tiny temperature, EOS,
-length limit) and the sampler's distribution.
+length limit).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from conductor_pipeline.training.models import conductor_trainer_class
-from conductor_pipeline.training.trainer import plain_warpers, sample_tokens
 
 MAX_COMPLETION = 10
 GROUP = 3
@@ -248,21 +247,3 @@ def test_generation_falls_back_to_trl_for_other_sampling_settings(trainer, monke
     assert trainer.fast_path_calls == calls
     assert len(completions) == len(repeated)
     assert all(0 < len(c) <= MAX_COMPLETION for c in completions)
-
-
-def test_sampler_draws_from_the_temperature_and_top_p_distribution():
-    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
-    temperature, top_p, draws = 0.7, 0.8, 60_000
-    probs = torch.softmax(logits / temperature, dim=-1)
-    # the nucleus: the most likely tokens until their probability reaches top_p
-    nucleus = int((probs.cumsum(0) < top_p).sum()) + 1
-    expected = torch.zeros_like(probs)
-    expected[:nucleus] = probs[:nucleus] / probs[:nucleus].sum()
-    tokens = sample_tokens(
-        logits.expand(draws, -1).clone(),
-        plain_warpers(temperature, top_p),
-        torch.Generator().manual_seed(0),
-    )
-    observed = torch.bincount(tokens, minlength=len(logits)).double() / draws
-    assert int((tokens >= nucleus).sum()) == 0
-    torch.testing.assert_close(observed, expected.double(), atol=0.01, rtol=0)

@@ -197,7 +197,7 @@ def _batch_conversations() -> list[list[dict[str, str]]]:
 
 
 # greedy, and sampling at full temperature (where guesses are refused most often)
-@pytest.mark.parametrize(("temperature", "seeds"), [(0.0, [0] * 5), (1.0, [9, 8, 7, 6, 5])])
+@pytest.mark.parametrize(("temperature", "seeds"), [(0.0, [0] * 5), (1.0, [21, 22, 23, 24, 25])])
 def test_batches_with_guesses_write_the_texts_of_plain_batches(local_policy, temperature, seeds):
     import asyncio
 

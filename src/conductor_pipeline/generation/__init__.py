@@ -4,6 +4,10 @@ share to turn a prompt into tokens on this machine.
 It sits below ``workflow``, ``workers``, ``serving`` and ``training`` and imports none of
 them (``tests/test_imports.py``); it needs torch and transformers only.
 
+``token_draw``: the one way a token is drawn (temperature and top-p as transformers' warpers,
+one seeded generator per row, so a row's text depends on its prompt, its seed and the
+sampling settings, never on the rows beside it).
+
 Private hooks the engine and its callers rely on, checked against torch 2.13.0,
 transformers 5.17.0 and TRL 1.16.0 (``tests/generation/test_private_hooks.py`` fails when an
 upgrade moves one):

@@ -21,8 +21,9 @@ recorded states; anything else runs TRL's code):
    workers) runs once, then each distinct prompt's own tail; the rows decode together with
    each prompt's keys and values held once for its group, the generated ones in
    preallocated buffers, and a finished row leaves the batch. Tokens are drawn from the
-   distribution transformers samples from (its temperature and top-p warpers), by inverse
-   CDF. The hidden states entering the first LoRA layer are recorded (:class:`FrozenStates`).
+   distribution transformers samples from (its temperature and top-p warpers) by the
+   engine's one draw (:mod:`conductor_pipeline.generation.token_draw`), each row with its
+   own generator seeded from torch's global one. The hidden states entering the first LoRA layer are recorded (:class:`FrozenStates`).
 2. :func:`grouped_completion_logps`: the loss pass starts at the first LoRA layer from the
    recorded states; per group the prompt runs once with gradients (the LoRA weights act on
    its keys and values), its cache serves the group's rows, only the completion tokens run
@@ -44,11 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
@@ -59,9 +56,7 @@ from conductor_pipeline.training.fast_paths import (
     gqa_attention,
     group_rows,
     grouped_completion_logps,
-    plain_warpers,
     prompt_caches,
-    sample_tokens,
     shared_prefill_generate,
 )
 from conductor_pipeline.training.fast_paths.attention import unwrapped_model
@@ -74,9 +69,7 @@ __all__ = [
     "gqa_attention",
     "group_rows",
     "grouped_completion_logps",
-    "plain_warpers",
     "prompt_caches",
-    "sample_tokens",
     "shared_prefill_generate",
 ]
 
@@ -122,9 +115,10 @@ class ConductorGRPOTrainer(GRPOTrainer):
 
     # -- generation --
 
-    def _sampling_warpers(self, model: Any) -> LogitsProcessorList | None:
-        """The warpers transformers would apply to TRL's generation config, when they are
-        plain temperature/top-p ones and decoding stops only at EOS or the length limit."""
+    def _sampling_settings(self, model: Any) -> tuple[float, float] | None:
+        """``(temperature, top_p)`` of TRL's generation config, when the warpers transformers
+        would apply are plain temperature/top-p ones and decoding stops only at EOS or the
+        length limit."""
         try:
             config, _ = model._prepare_generation_config(self.generation_config)
             processors = model._get_logits_processor(generation_config=config)
@@ -136,7 +130,7 @@ class ConductorGRPOTrainer(GRPOTrainer):
             return None
         if any(type(p) not in (TemperatureLogitsWarper, TopPLogitsWarper) for p in processors):
             return None
-        return plain_warpers(config.temperature or 1.0, config.top_p or 1.0)
+        return config.temperature or 1.0, config.top_p or 1.0
 
     def _generate_single_turn(
         self,
@@ -167,8 +161,8 @@ class ConductorGRPOTrainer(GRPOTrainer):
             ) as model,
             torch.no_grad(),
         ):
-            warpers = self._sampling_warpers(model)
-            if warpers is None:
+            sampling = self._sampling_settings(model)
+            if sampling is None:
                 return None
             first = first_trainable_layer(model)
             record = FrozenStates(backbone_and_head(model)[0], first) if first else None
@@ -179,7 +173,10 @@ class ConductorGRPOTrainer(GRPOTrainer):
                     prompt_ids,
                     max_new_tokens=self.max_completion_length,
                     eos_token_ids=self.eos_token_ids,
-                    warpers=warpers,
+                    # one seed a row, from torch's global generator (seeded by the run's seed)
+                    seeds=torch.randint(2**62, (len(prompt_ids),)).tolist(),
+                    temperature=sampling[0],
+                    top_p=sampling[1],
                     record=record,
                 )
             except FastPathUnsupported:

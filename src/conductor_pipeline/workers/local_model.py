@@ -175,13 +175,12 @@ class RowSampler:
 
     Used with ``generate(do_sample=False)``: the processor leaves one allowed token per row,
     so a row's text depends on its own seed and not on which rows share its batch (up to the
-    float rounding of a padded batch). A draw is the one ``torch.multinomial`` makes with
-    ``torch.Generator().manual_seed(seed)``, faster
-    (:func:`~conductor_pipeline.workers.token_draw.draw_token`).
+    float rounding of a padded batch). A draw is the engine's one draw
+    (:func:`~conductor_pipeline.generation.token_draw.draw_token`), as in training rollouts.
     """
 
     def __init__(self, temperatures: Sequence[float], seeds: Sequence[int]) -> None:
-        from conductor_pipeline.workers.token_draw import row_generator
+        from conductor_pipeline.generation.token_draw import row_generator
 
         if len(temperatures) != len(seeds):
             raise ValueError("RowSampler: one temperature per seed")
@@ -191,7 +190,7 @@ class RowSampler:
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
-        from conductor_pipeline.workers.token_draw import draw_token
+        from conductor_pipeline.generation.token_draw import draw_token
 
         picked = [
             draw_token(scores[i], temperature, generator)

@@ -26,13 +26,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from conductor_pipeline.generation.token_draw import draw_token
 from conductor_pipeline.workers.grouped_attention import (
     PackedRows,
     packed_cache,
     stack_rows,
     supports_packed_rows,
 )
-from conductor_pipeline.workers.token_draw import draw_token
 
 # n-gram lengths tried for a match, longest first: a one-token match guesses too poorly to
 # be worth the larger pass
@@ -353,7 +353,7 @@ class BatchLookupDecoder:
 
     def _each_row(self, work: Callable[[int], Any], rows: int) -> list[Any]:
         """``work(j)`` for every row, on the draw threads when there are several: a draw
-        (softmax, then the generator's noise over the whole vocabulary) runs on one core,
+        (softmax and cumulative sum over the whole vocabulary) runs on one core,
         and rows draw from their own generators, so they can draw side by side."""
         if self.draw_threads is None or rows < 2:
             return [work(j) for j in range(rows)]

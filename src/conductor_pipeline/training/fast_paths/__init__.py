@@ -7,11 +7,7 @@ driven directly; ``prefill``: prompt caches; ``decode``: shared-prefill generati
 """
 
 from conductor_pipeline.training.fast_paths.attention import GQA_ATTENTION, gqa_attention
-from conductor_pipeline.training.fast_paths.decode import (
-    plain_warpers,
-    sample_tokens,
-    shared_prefill_generate,
-)
+from conductor_pipeline.training.fast_paths.decode import shared_prefill_generate
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
@@ -28,8 +24,6 @@ __all__ = [
     "gqa_attention",
     "group_rows",
     "grouped_completion_logps",
-    "plain_warpers",
     "prompt_caches",
-    "sample_tokens",
     "shared_prefill_generate",
 ]

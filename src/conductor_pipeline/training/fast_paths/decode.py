@@ -8,12 +8,8 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
 
+from conductor_pipeline.generation.token_draw import draw_tokens, row_generator
 from conductor_pipeline.training.fast_paths.attention import gqa_attention, unwrapped_model
 from conductor_pipeline.training.fast_paths.decode_cache import DecodeLayer
 from conductor_pipeline.training.fast_paths.layers import (
@@ -24,7 +20,7 @@ from conductor_pipeline.training.fast_paths.layers import (
 )
 from conductor_pipeline.training.fast_paths.prefill import KV, group_rows, prompt_caches
 
-__all__ = ["plain_warpers", "sample_tokens", "shared_prefill_generate"]
+__all__ = ["shared_prefill_generate"]
 
 # -- generation ------------------------------------------------------------------------------
 
@@ -61,32 +57,6 @@ class _GroupedDecodeCache(Cache):
         self.spans = _spans(row_groups)
 
 
-def sample_tokens(
-    logits: torch.Tensor, warpers: LogitsProcessorList, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """One token per row of ``logits`` (rows x vocabulary), from the distribution
-    transformers samples from: the warpers, then softmax. Drawn by inverse CDF, which
-    needs one uniform number per row where ``torch.multinomial`` draws one per token."""
-    scores = warpers(None, logits) if warpers else logits
-    probs = torch.softmax(scores, dim=-1)
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-    total = cdf[:, -1:]
-    uniform = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=cdf.device)
-    # strictly below the total, so the chosen token always has a positive probability
-    draw = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, draw, right=True).squeeze(1)
-
-
-def plain_warpers(temperature: float, top_p: float) -> LogitsProcessorList:
-    """The warpers transformers builds for plain sampling (none at 1.0)."""
-    warpers = LogitsProcessorList()
-    if temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(temperature))
-    if top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p))
-    return warpers
-
-
 def _head_logits(head: Any, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head on a few rows. MKL computes ``W @ h.T`` for 8 rows of SmolLM2's 49k x 576
     head in about half the time of ``F.linear`` (the same dot products)."""
@@ -103,23 +73,29 @@ def shared_prefill_generate(
     *,
     max_new_tokens: int,
     eos_token_ids: Sequence[int],
-    warpers: LogitsProcessorList | None = None,
+    seeds: Sequence[int],
+    temperature: float = 1.0,
+    top_p: float = 1.0,
     share_prefix: bool = True,
-    generator: torch.Generator | None = None,
     record: FrozenStates | None = None,
 ) -> list[list[int]]:
     """Sampled completions, one per row of ``prompt_ids`` (rows may repeat a prompt).
 
     Each row's completion ends with its first EOS token (any of ``eos_token_ids``, kept) or
     after ``max_new_tokens`` tokens: the token lists TRL's ``_generate_single_turn`` returns.
-    Each distinct prompt is prefilled once (see :func:`prompt_caches`); its rows then decode
-    together on its cache (:class:`_GroupedDecodeCache`), and a finished row leaves the
-    batch. ``record`` receives the states entering its layer.
+    Row ``i`` draws with its own generator seeded with ``seeds[i]``
+    (:func:`~conductor_pipeline.generation.token_draw.draw_tokens`), so its completion does
+    not depend on the other rows. Each distinct prompt is prefilled once (see
+    :func:`prompt_caches`); its rows then decode together on its cache
+    (:class:`_GroupedDecodeCache`), and a finished row leaves the batch. ``record`` receives
+    the states entering its layer.
     """
     if not prompt_ids or min(len(p) for p in prompt_ids) < 2:
         raise FastPathUnsupported("prompts of fewer than two tokens")
+    if len(seeds) != len(prompt_ids):
+        raise ValueError(f"shared_prefill_generate: {len(seeds)} seeds for {len(prompt_ids)} rows")
     backbone, head = backbone_and_head(model)
-    warpers = warpers if warpers is not None else LogitsProcessorList()
+    generators = [row_generator(seed) for seed in seeds]
     groups = group_rows(prompt_ids)
     live = [row for _, rows in groups for row in rows]  # rows sorted by group
     live_groups = [index for index, (_, rows) in enumerate(groups) for _ in rows]
@@ -147,7 +123,8 @@ def shared_prefill_generate(
                     use_cache=True,
                     grouped_decode=cache,
                 ).last_hidden_state[:, -1]
-                chosen = sample_tokens(_head_logits(head, hidden).float(), warpers, generator)
+                logits = _head_logits(head, hidden)
+                chosen = draw_tokens(logits, temperature, [generators[r] for r in live], top_p)
                 states = seen.pop() if seen else None
                 for i, (row, token) in enumerate(zip(live, chosen.tolist(), strict=True)):
                     completions[row].append(token)
