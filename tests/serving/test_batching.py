@@ -382,8 +382,10 @@ def test_real_policy_uses_grouped_attention_with_the_same_logits(smollm2, monkey
     import torch
     import transformers.integrations.sdpa_attention as sdpa
 
+    from conductor_pipeline.generation.attention import GROUPED_ATTENTION
+
     model = smollm2._model
-    assert model.config._attn_implementation == "conductor_grouped_sdpa"
+    assert model.config._attn_implementation == GROUPED_ATTENTION
     ids = torch.tensor([[2, 2, 2, 504, 3493, 28], [1, 9690, 504, 3493, 28, 1004]])
     mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     with torch.inference_mode():
@@ -391,7 +393,7 @@ def test_real_policy_uses_grouped_attention_with_the_same_logits(smollm2, monkey
         try:
             stock = model(input_ids=ids, attention_mask=mask).logits
         finally:
-            model.set_attn_implementation("conductor_grouped_sdpa")
+            model.set_attn_implementation(GROUPED_ATTENTION)
 
         def no_copy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             raise AssertionError("keys and values were copied per query head")

@@ -8,6 +8,10 @@ them (``tests/test_imports.py``); it needs torch and transformers only.
 one seeded generator per row, so a row's text depends on its prompt, its seed and the
 sampling settings, never on the rows beside it).
 
+``attention``: the one attention (transformers' SDPA with grouped key/value heads broadcast by
+the kernel, packed rows, rows decoding on a shared prompt); ``kv_cache``: cache layers that
+passes append into in place.
+
 Private hooks the engine and its callers rely on, checked against torch 2.13.0,
 transformers 5.17.0 and TRL 1.16.0 (``tests/generation/test_private_hooks.py`` fails when an
 upgrade moves one):

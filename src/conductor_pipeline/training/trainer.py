@@ -49,24 +49,22 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
+from conductor_pipeline.generation.attention import unwrapped_model
 from conductor_pipeline.training.fast_paths import (
     FastPathUnsupported,
     FrozenStates,
     first_trainable_layer,
-    gqa_attention,
     group_rows,
     grouped_completion_logps,
     prompt_caches,
     shared_prefill_generate,
 )
-from conductor_pipeline.training.fast_paths.attention import unwrapped_model
 from conductor_pipeline.training.fast_paths.layers import backbone_and_head
 
 __all__ = [
     "ConductorGRPOTrainer",
     "FrozenStates",
     "first_trainable_layer",
-    "gqa_attention",
     "group_rows",
     "grouped_completion_logps",
     "prompt_caches",

@@ -26,13 +26,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from conductor_pipeline.generation.attention import PackedRows, supports_packed_rows
+from conductor_pipeline.generation.kv_cache import packed_cache, stack_rows
 from conductor_pipeline.generation.token_draw import draw_token
-from conductor_pipeline.workers.grouped_attention import (
-    PackedRows,
-    packed_cache,
-    stack_rows,
-    supports_packed_rows,
-)
 
 # n-gram lengths tried for a match, longest first: a one-token match guesses too poorly to
 # be worth the larger pass
@@ -171,7 +167,7 @@ class BatchLookupDecoder:
     rows can join between passes (:meth:`join`, :meth:`step`, :meth:`pop_finished`).
 
     Each pass feeds every live row its newest token and its own guess, packed (one sequence
-    without pads, :class:`~conductor_pipeline.workers.grouped_attention.PackedRows`; padded
+    without pads, :class:`~conductor_pipeline.generation.attention.PackedRows`; padded
     to the longest guess when the model's attention cannot take packed rows); in the cache
     each row gets as many new columns as the longest, the mask hiding the pads. Each row
     then draws its positions in

@@ -125,7 +125,7 @@ class LocalPolicy:
         with self._load_lock:
             if self._model is not None:
                 return
-            from conductor_pipeline.workers.grouped_attention import use_grouped_attention
+            from conductor_pipeline.generation.attention import use_grouped_attention
             from conductor_pipeline.workers.local_model import load_smollm2, model_dtype
 
             if self.model_dir is None:

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from conductor_pipeline.generation.attention import grouped_attention, unwrapped_model
+from conductor_pipeline.generation.kv_cache import DecodeLayer
 from conductor_pipeline.generation.token_draw import draw_tokens, row_generator
-from conductor_pipeline.training.fast_paths.attention import gqa_attention, unwrapped_model
-from conductor_pipeline.training.fast_paths.decode_cache import DecodeLayer
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
@@ -101,7 +101,7 @@ def shared_prefill_generate(
     live_groups = [index for index, (_, rows) in enumerate(groups) for _ in rows]
     completions: list[list[int]] = [[] for _ in prompt_ids]
     fed: list[list[torch.Tensor]] = [[] for _ in prompt_ids]
-    with gqa_attention(model) as grouped_heads:
+    with grouped_attention(model) as grouped_heads:
         if not grouped_heads:
             raise FastPathUnsupported(
                 f"attention {unwrapped_model(model).config._attn_implementation}"

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from conductor_pipeline.training.fast_paths.attention import unwrapped_model
+from conductor_pipeline.generation.attention import unwrapped_model
 
 __all__ = [
     "FastPathUnsupported",

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from conductor_pipeline.training.fast_paths.attention import gqa_attention
+from conductor_pipeline.generation.attention import grouped_attention
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
@@ -100,7 +100,7 @@ def grouped_completion_logps(
     order: list[int] = []
     logps_parts: list[torch.Tensor] = []
     entropy_parts: list[torch.Tensor] = []
-    with gqa_attention(model) as grouped_heads:
+    with grouped_attention(model) as grouped_heads:
         frozen = _usable_states(frozen, model, prompts, completions) if grouped_heads else None
         if frozen is not None:
             frozen.uses += 1

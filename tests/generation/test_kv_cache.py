@@ -1,5 +1,6 @@
-"""Packed batches and in-place cache appends (workers/grouped_attention.py), without a
-model: the real-model equivalence is in test_lookup_decoding.py."""
+"""Packed batches (generation/attention.py) and in-place cache appends
+(generation/kv_cache.py), without a model: the real-model equivalence is in
+tests/workers/test_lookup_decoding.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 
 def test_packed_rows_unpack_to_the_padded_layout_and_pack_back():
-    from conductor_pipeline.workers.grouped_attention import PackedRows
+    from conductor_pipeline.generation.attention import PackedRows
 
     lengths = [3, 1, 2]  # tokens fed to each row; the padded layout is 3 rows x 3 columns
     at = [(j, i) for j, n in enumerate(lengths) for i in range(n)]
@@ -33,10 +34,10 @@ def test_appends_in_place_match_concatenation_through_retirements_and_new_tensor
     outgrows the room, and when the layer's tensors are replaced (the cache compacted)."""
     from transformers.cache_utils import DynamicLayer
 
-    from conductor_pipeline.workers import grouped_attention
-    from conductor_pipeline.workers.grouped_attention import _append
+    from conductor_pipeline.generation import kv_cache
+    from conductor_pipeline.generation.kv_cache import append_columns
 
-    monkeypatch.setattr(grouped_attention, "_SPARE_COLUMNS", 4)
+    monkeypatch.setattr(kv_cache, "SPARE_COLUMNS", 4)
     generator = torch.Generator().manual_seed(0)
 
     def columns(rows: int, n: int) -> torch.Tensor:
@@ -56,7 +57,7 @@ def test_appends_in_place_match_concatenation_through_retirements_and_new_tensor
             layer.keys, layer.values = layer.keys[:rows], layer.values[:rows]
             expected_keys, expected_values = expected_keys[:rows], expected_values[:rows]
         keys, values = columns(rows, n), columns(rows, n)
-        got_keys, got_values = _append(layer, keys, values)
+        got_keys, got_values = append_columns(layer, keys, values)
         expected_keys = torch.cat([expected_keys, keys], dim=-2)
         expected_values = torch.cat([expected_values, values], dim=-2)
         assert torch.equal(got_keys, expected_keys) and torch.equal(got_values, expected_values)
@@ -68,7 +69,7 @@ def test_appends_in_place_match_concatenation_through_retirements_and_new_tensor
 def test_stacked_rows_are_right_aligned_over_zeros_and_keep_room_for_appends():
     from transformers.cache_utils import DynamicLayer
 
-    from conductor_pipeline.workers.grouped_attention import _append, stack_rows
+    from conductor_pipeline.generation.kv_cache import append_columns, stack_rows
 
     live_keys, live_values = torch.randn(2, 2, 5, 3), torch.randn(2, 2, 5, 3)
     new_keys, new_values = torch.randn(3, 2, 4, 3), torch.randn(3, 2, 4, 3)
@@ -87,7 +88,7 @@ def test_stacked_rows_are_right_aligned_over_zeros_and_keep_room_for_appends():
     stacked_keys = layer.keys.clone()
     buffer = layer.room[0].data_ptr()
     added = torch.randn(5, 2, 2, 3)
-    keys, _ = _append(layer, added, added)
+    keys, _ = append_columns(layer, added, added)
     assert layer.room[0].data_ptr() == buffer  # the append used the room stacking left
     assert torch.equal(keys, torch.cat([stacked_keys, added], dim=-2))
 
@@ -97,7 +98,7 @@ def test_rows_joining_a_layer_with_free_rows_are_written_in_place():
     theirs are written into the free rows: the live rows are not copied again."""
     from transformers.cache_utils import DynamicLayer
 
-    from conductor_pipeline.workers.grouped_attention import stack_rows
+    from conductor_pipeline.generation.kv_cache import stack_rows
 
     layer = DynamicLayer()
     first_keys, first_values = torch.randn(2, 2, 6, 3), torch.randn(2, 2, 6, 3)
