@@ -84,3 +84,78 @@ def test_sft_examples_are_planner_replies_to_the_training_prompt():
         task = by_id[row["task_id"]]
         assert row["prompt"] == conductor_messages(task.question, ["", "", ""], config)
         assert row["completion"][0]["content"] == planner.plan(task).text
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "decays"), [("linear", True), ("constant_with_warmup", False)]
+)
+def test_sft_follows_the_configured_schedule_over_shuffled_examples(
+    tiny_model_dir, tmp_path, monkeypatch, scheduler, decays
+):
+    """A real SFT run on the tiny model: the learning rate follows ``sft.lr_scheduler_type``
+    and the examples are drawn in random order, not grouped by length (grouping let the
+    last long questions decide the warm start's shapes)."""
+    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_pipeline.training.configs import TrainingConfig
+    from conductor_pipeline.training.sft import build_sft_examples, run_sft
+    from conductor_pipeline.training.trainer_args import lora_config
+    from conductor_pipeline.workflow import PromptConfig
+
+    from .fakes import make_task
+
+    built: list[dict] = []
+    original = trl.SFTConfig
+
+    def recorded_config(*args, **kwargs):
+        built.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trl, "SFTConfig", recorded_config)
+    config = TrainingConfig.from_params(
+        {
+            "base_model": str(tiny_model_dir),
+            "seed": 0,
+            "sft": {
+                "n_examples": 8,
+                "max_steps": 6,
+                "batch_size": 2,
+                "learning_rate": 1e-3,
+                "lr_scheduler_type": scheduler,
+                "max_length": 512,
+            },
+            "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        }
+    )
+    tasks = [make_task(i, i, 2) for i in range(8)]
+    prompt = PromptConfig(question_to_workers=True, few_shot=[])
+    examples = build_sft_examples(tasks, ["a", "b"], ["", ""], prompt, config.sft, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    result = run_sft(
+        model,
+        tokenizer,
+        examples,
+        config,
+        tmp_path,
+        peft_config=lora_config(config, 2),
+        show_progress=False,
+    )
+
+    assert built and built[0]["train_sampling_strategy"] == "random"
+    rates = [h["learning_rate"] for h in result.history]
+    assert len(rates) == 6
+    after_warmup = rates[2:]
+    if decays:
+        assert all(a > b for a, b in zip(after_warmup, after_warmup[1:], strict=False))
+    else:
+        assert after_warmup == [pytest.approx(1e-3)] * len(after_warmup)
+    assert (result.adapter_dir / "adapter_config.json").exists()
+
+
+def test_sft_rejects_an_unknown_scheduler():
+    from conductor_pipeline.training.configs import SFTSettings
+
+    with pytest.raises(ValueError, match="lr_scheduler_type must be one of"):
+        SFTSettings(lr_scheduler_type="warmup_then_nothing")

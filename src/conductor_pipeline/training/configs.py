@@ -54,6 +54,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SFT_SHAPES = ("single", "solve_check", "parallel_aggregate")
 SFT_ROUTING = ("random", "domain_table")
+SFT_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 SCALE_REWARDS = ("group", "batch", "none")
 VLLM_MODES = ("colocate", "server")
 COST_UNITS = ("usd", "tokens")
@@ -229,7 +230,8 @@ class SFTSettings:
     which worker suits which question is left to reward. ``routing: domain_table`` is the
     older rule, kept for comparison only: the solver is ``domain_workers[task.domain]``
     (``default_worker`` for other domains) and checks go to ``verifier_worker``; names
-    missing from the pool fall back to worker 0.
+    missing from the pool fall back to worker 0. ``lr_scheduler_type`` is a transformers
+    scheduler name; the examples are drawn in random order.
     """
 
     enabled: bool = True
@@ -237,6 +239,7 @@ class SFTSettings:
     max_steps: int = 30
     batch_size: int = 4
     learning_rate: float = 2e-3
+    lr_scheduler_type: str = "linear"
     max_length: int = 1280
     routing: str = "random"
     shapes: Mapping[str, float] = field(
@@ -253,6 +256,10 @@ class SFTSettings:
         _check(self.max_steps >= 1, "max_steps must be at least 1")
         _check(self.batch_size >= 1, "batch_size must be at least 1")
         _check(self.learning_rate > 0, "learning_rate must be positive")
+        _check(
+            self.lr_scheduler_type in SFT_SCHEDULERS,
+            f"lr_scheduler_type must be one of {SFT_SCHEDULERS}",
+        )
         _check(self.max_length >= 64, "max_length must be at least 64")
         _check(self.routing in SFT_ROUTING, f"routing must be one of {SFT_ROUTING}")
         _check(self.max_parallel_attempts >= 2, "max_parallel_attempts must be at least 2")

@@ -199,12 +199,13 @@ def run_sft(
         per_device_train_batch_size=settings.batch_size,
         gradient_accumulation_steps=1,
         learning_rate=settings.learning_rate,
-        lr_scheduler_type="constant_with_warmup",
+        lr_scheduler_type=settings.lr_scheduler_type,
         warmup_steps=min(2, settings.max_steps - 1),
         max_length=settings.max_length,
-        # batches of similar length: a batch is padded to its longest prompt, and prompts
-        # run from about 250 to 640 tokens
-        train_sampling_strategy="group_by_length",
+        # random order, not batches grouped by length: grouping saved padding, but the last
+        # batches then came from a few long questions and, at a constant rate, decided which
+        # shapes the warm start wrote (docs/measurements.md, "What the warm start writes")
+        train_sampling_strategy="random",
         completion_only_loss=True,
         logging_steps=1,
         save_strategy="no",
