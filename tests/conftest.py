@@ -56,13 +56,13 @@ def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
     from conductor_pipeline.workers.local_model import (
-        _cache_complete,
+        cache_complete,
         default_cache_dir,
         smollm2_gguf_path,
     )
 
     cache = default_cache_dir()
-    if _cache_complete(cache):
+    if cache_complete(cache):
         tokenizer = AutoTokenizer.from_pretrained(cache)
     else:
         gguf = smollm2_gguf_path()

@@ -159,7 +159,7 @@ def test_conductor_promote_rolls_back_the_profiles_own_model(monkeypatch, capsys
 def test_ask_sample_draws_from_the_profiles_own_split(tmp_path):
     import pandas as pd
 
-    from conductor_pipeline.cli import _pick_sample_question
+    from conductor_pipeline.cli import pick_sample_question
     from conductor_pipeline.project import load_project_config
 
     gpu = load_project_config("gpu", root=REPO)
@@ -167,6 +167,6 @@ def test_ask_sample_draws_from_the_profiles_own_split(tmp_path):
     split = tmp_path / "data" / "gpu" / "05_model_input"
     split.mkdir(parents=True)
     pd.DataFrame({"question": ["a GPU-profile question"]}).to_parquet(split / "test_tasks.parquet")
-    assert _pick_sample_question(tmp_path / "data" / "gpu", 0) == "a GPU-profile question"
+    assert pick_sample_question(tmp_path / "data" / "gpu", 0) == "a GPU-profile question"
     with pytest.raises(SystemExit, match="data/05_model_input"):
-        _pick_sample_question(tmp_path / "data", 0)
+        pick_sample_question(tmp_path / "data", 0)

@@ -149,12 +149,12 @@ def gpu_project(tmp_path, monkeypatch) -> dict:
     }.items():
         _update(gpu / name, change)
 
-    from conductor_pipeline.workers.local_model import DEFAULT_CACHE_RELATIVE, _cache_complete
+    from conductor_pipeline.workers.local_model import DEFAULT_CACHE_RELATIVE, cache_complete
 
     # SmolLM2's plain (de-quantized) copy takes a minute to build on 2 cores: reuse the
     # checkout's copy when `make run` has made one (only read), else build one in the copy
     shared = REPO / DEFAULT_CACHE_RELATIVE
-    if _cache_complete(shared):
+    if cache_complete(shared):
         monkeypatch.setenv("CONDUCTOR_MODEL_CACHE", str(shared))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("CONDUCTOR_POLICY_API_KEY", raising=False)

@@ -60,7 +60,8 @@ def _print_event(kind: str, payload: Any) -> None:
         )
 
 
-def _pick_sample_question(data_dir: Path, seed: int) -> str:
+def pick_sample_question(data_dir: Path, seed: int) -> str:
+    """A test-split question drawn with ``seed`` (``conductor ask --sample``)."""
     import random
 
     import pandas as pd
@@ -124,7 +125,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if args.max_rounds is not None:
         orchestration.max_rounds = args.max_rounds
     # the profile's own split (--env gpu: data/gpu)
-    question = _pick_sample_question(config.data_dir, args.seed) if args.sample else args.question
+    question = pick_sample_question(config.data_dir, args.seed) if args.sample else args.question
     if not question:
         raise SystemExit("give a QUESTION or --sample")
     policy_params = dict(params.get("policy") or {})

@@ -196,13 +196,13 @@ def test_registry_composes_the_loop_and_the_evaluation_report_follows_promotion(
 
 
 def test_an_unresolved_start_reference_trains_from_the_base_model(tmp_path, monkeypatch):
-    from conductor_pipeline.pipelines.training.nodes import _start_adapter
+    from conductor_pipeline.pipelines.training.nodes import resolve_start_adapter
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     base = "smollm2-135m-instruct"
-    assert _start_adapter(None, base) is None
-    assert _start_adapter("models:/conductor@champion", base) is None  # no champion yet
+    assert resolve_start_adapter(None, base) is None
+    assert resolve_start_adapter("models:/conductor@champion", base) is None  # no champion yet
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        _start_adapter(str(tmp_path / "missing"), base)
+        resolve_start_adapter(str(tmp_path / "missing"), base)
     (tmp_path / "adapter").mkdir()
-    assert _start_adapter(str(tmp_path / "adapter"), base) == str(tmp_path / "adapter")
+    assert resolve_start_adapter(str(tmp_path / "adapter"), base) == str(tmp_path / "adapter")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conductor_pipeline.pipelines.promotion.nodes import _settings as promotion_settings
-from conductor_pipeline.pipelines.reporting.nodes import _settings as reporting_settings
-from conductor_pipeline.pipelines.retraining.nodes import _settings as retraining_settings
+from conductor_pipeline.pipelines.promotion.nodes import promotion_settings
+from conductor_pipeline.pipelines.reporting.nodes import reporting_settings
+from conductor_pipeline.pipelines.retraining.nodes import retraining_settings
 from conductor_pipeline.project import load_project_config
 from tests.reporting.conftest import REPO
 

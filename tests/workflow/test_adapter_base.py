@@ -106,8 +106,8 @@ def test_training_refuses_to_continue_from_an_adapter_of_another_base_model(smol
     from conductor_pipeline.training.models import with_adapter
 
     with pytest.raises(AdapterBaseMismatch, match="training start_from"):
-        nodes._start_adapter(str(smollm2_adapter), QWEN)
-    assert nodes._start_adapter(str(smollm2_adapter), "smollm2-135m-instruct") == str(
+        nodes.resolve_start_adapter(str(smollm2_adapter), QWEN)
+    assert nodes.resolve_start_adapter(str(smollm2_adapter), "smollm2-135m-instruct") == str(
         smollm2_adapter
     )
     loaded_qwen = SimpleNamespace(name_or_path="/models/Qwen2.5-7B-Instruct")

@@ -77,7 +77,8 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _cache_complete(cache_dir: Path) -> bool:
+def cache_complete(cache_dir: Path) -> bool:
+    """Whether ``cache_dir`` holds a finished copy (the marker and the weights)."""
     return (cache_dir / _CACHE_MARKER).is_file() and any(cache_dir.glob("*.safetensors"))
 
 
@@ -116,10 +117,10 @@ def _convert_gguf(cache_dir: Path) -> None:
 def ensure_smollm2_cache(cache_dir: Path | None = None) -> Path:
     """Make sure the plain copy exists in ``cache_dir`` (converting once) and return it."""
     target = Path(cache_dir).resolve() if cache_dir is not None else default_cache_dir()
-    if _cache_complete(target):
+    if cache_complete(target):
         return target
     with _exclusive_lock(target.parent / f".{target.name}.lock"):
-        if not _cache_complete(target):  # another process may have finished meanwhile
+        if not cache_complete(target):  # another process may have finished meanwhile
             _convert_gguf(target)
     return target
 

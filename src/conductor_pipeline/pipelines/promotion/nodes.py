@@ -40,7 +40,9 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _settings(params: dict[str, Any]) -> tuple[Gates, str, bool]:
+def promotion_settings(params: dict[str, Any]) -> tuple[Gates, str, bool]:
+    """The ``promotion`` parameters checked: the gates, the champion's system name in the
+    evaluation results, and whether both versions must share their test questions."""
     params = dict(params or {})
     check_keys("promotion", params, _KNOWN_KEYS)
     gates = Gates.from_params(dict(params.get("gates") or {}))
@@ -298,7 +300,7 @@ def promote_challenger(
     The version comes from the evaluation run info rather than from training's output, so
     the figures are always those of the version decided on, and ``kedro run --pipelines
     promotion`` decides on whatever the last evaluation measured."""
-    settings = _settings(params)
+    settings = promotion_settings(params)
     version = evaluated_version(evaluation_run_info)
     before = promotion.current_versions()
     champion = before[promotion.CHAMPION]
@@ -350,7 +352,7 @@ def promotion_metrics(promotion_decision: dict[str, Any]) -> dict[str, dict[str,
 def promote_recorded(version: str | None, params: dict[str, Any]) -> dict[str, Any]:
     """Gate ``version`` (default: the current challenger) against the champion with the
     figures recorded on both versions; used by ``conductor promote``."""
-    gates, _, require_same = _settings(params)
+    gates, _, require_same = promotion_settings(params)
     before = promotion.current_versions()
     version = str(version) if version else before[promotion.CHALLENGER]
     if not version:

@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 _KNOWN_KEYS = {"kernel_name", "timeout_s", "notebooks_dir", "output_dir", "rollout_samples"}
 
 
-def _settings(params: dict[str, Any]) -> dict[str, Any]:
+def reporting_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The ``reporting`` parameters checked, with paths made absolute under the project."""
     check_keys("reporting", params or {}, _KNOWN_KEYS)
     root = project_root()
 
@@ -100,7 +101,7 @@ def render_training_report(
     params: dict[str, Any],
 ) -> str:
     """The training report (curves from the training run's MLflow metric history)."""
-    settings = _settings(params)
+    settings = reporting_settings(params)
     staged = _staging(settings, "training_report")
     samples = settings["rollout_samples"]
     if samples and not Path(samples).is_absolute():
@@ -130,7 +131,7 @@ def render_evaluation_report(
     params: dict[str, Any],
 ) -> str:
     """The evaluation report, with the promotion decision on the evaluated version."""
-    settings = _settings(params)
+    settings = reporting_settings(params)
     staged = _staging(settings, "evaluation_report")
     return _run(
         settings,

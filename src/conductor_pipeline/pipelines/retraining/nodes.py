@@ -35,7 +35,8 @@ class RetrainingLocked(LockHeld):
     """Another retraining run holds the lock."""
 
 
-def _settings(params: dict[str, Any]) -> dict[str, Any]:
+def retraining_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The ``retraining`` parameters, checked for unknown keys."""
     params = dict(params or {})
     check_keys("retraining", params, _KNOWN_KEYS)
     return params
@@ -48,7 +49,7 @@ def _lock_path(params: dict[str, Any]) -> Path:
 
 def acquire_lock(params: dict[str, Any]) -> dict[str, Any]:
     """Claim the retraining lock; raise :class:`RetrainingLocked` while another run holds it."""
-    params = _settings(params)
+    params = retraining_settings(params)
     stale_after = float((params.get("lock") or {}).get("stale_after_s") or 43200)
     try:
         return claim_lock(_lock_path(params), stale_after_s=stale_after, holder="retraining run")
@@ -69,7 +70,7 @@ def release_lock(
 ) -> dict[str, Any]:
     """The last node: release the lock (if still ours) and summarise the run, with the
     growing sources' watermarks it committed (``unchanged`` when nothing was new)."""
-    params = _settings(params)
+    params = retraining_settings(params)
     released = release_claim(_lock_path(params), retraining_lock.get("token"))
     finished = time.time()
     return {
@@ -114,7 +115,7 @@ def add_logged_questions(
     """The configured sources' tasks plus every logged question that carries a reference
     answer (data_prep then deduplicates, balances and splits them all). Lines without a
     reference are counted, not used: no reward can be computed for them."""
-    params = _settings(params)
+    params = retraining_settings(params)
     options = dict(params.get("logged_questions") or {})
     patterns = options.get("paths") or []
     if isinstance(patterns, str):

@@ -79,7 +79,9 @@ def _metrics_logger(run: tuple[str, str] | None) -> Callable[[dict[str, float], 
     return log
 
 
-def _start_adapter(start_from: str | None, base_model: str) -> str | None:
+def resolve_start_adapter(start_from: str | None, base_model: str) -> str | None:
+    """The adapter folder ``start_from`` names (a path or a registry reference), or None to
+    train from ``base_model`` when it does not resolve yet (no champion so far)."""
     adapter = local_adapter(start_from, required=False)
     if start_from and adapter is None:
         logger.warning("%s does not resolve yet: training from the base model", start_from)
@@ -120,7 +122,7 @@ def train_conductor_node(
     """
     config = TrainingConfig.from_params(params)
     tasks = tasks_from_frame(train_tasks)
-    start_adapter = _start_adapter(start_from, config.base_model)
+    start_adapter = resolve_start_adapter(start_from, config.base_model)
     # a missing GPU or key: one message naming the fix, before any model is loaded
     check_gpu(["training.grpo.use_vllm"] if config.grpo.use_vllm else [])
     work = (tasks, config, prompt, worker_pool_config, worker_credentials, start_adapter)
