@@ -2,10 +2,12 @@
 place, where transformers' ``DynamicLayer`` concatenates the whole cache again at every pass
 (a tenth of a 16-row batch's time on a CPU).
 
-Serving's batches (rows join and leave, rows fed packed): :func:`packed_cache`,
-:func:`append_columns` and :func:`stack_rows` keep a layer's tensors as views of buffers with
-room to spare (``layer.room``). GRPO rollouts (rows grouped by prompt): :class:`DecodeLayer`
-holds each prompt group's keys and values once, the generated ones per row.
+One buffer manager serves every batch: :func:`append_columns` and :func:`stack_rows` keep a
+layer's tensors as views of buffers with room to spare (``layer.room``). Serving's batches
+(rows join and leave, rows fed packed) reach it through :func:`packed_cache`; GRPO rollouts
+(rows grouped by prompt) through :class:`DecodeLayer`, which also holds each prompt group's
+keys and values once. :func:`cache_from` lends a prompt's keys and values to many rows
+without a copy (the kept opening of served prompts, the prompts of scored groups).
 """
 
 from __future__ import annotations
@@ -15,18 +17,40 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from conductor_pipeline.generation.attention import PackedRows
 
 __all__ = [
+    "KV",
     "SPARE_COLUMNS",
     "SPARE_ROWS",
     "DecodeLayer",
     "append_columns",
+    "cache_from",
     "packed_cache",
     "stack_rows",
 ]
+
+KV = list[tuple[torch.Tensor, torch.Tensor] | None]  # per decoder layer; None: not computed
+
+
+def cache_from(kv: KV | None, rows: int = 1, n_layers: int = 0) -> Cache:
+    """A transformers cache holding ``kv`` broadcast to ``rows`` rows without a copy (or an
+    empty one of ``n_layers`` layers); layers without states stay empty. A pass appends to a
+    layer into new tensors (:func:`append_columns` finds no room), so nothing writes to
+    ``kv``: a kept prompt opening serves any number of batches."""
+    layers = []
+    for entry in kv if kv is not None else [None] * n_layers:
+        layer = DynamicLayer()
+        if entry is not None:
+            keys, values = entry
+            layer.lazy_initialization(keys, values)
+            layer.keys = keys.expand(rows, -1, -1, -1)
+            layer.values = values.expand(rows, -1, -1, -1)
+        layers.append(layer)
+    return Cache(layers=layers)
+
 
 # rows a layer's new buffers keep free for rows joining later
 SPARE_ROWS = 8
@@ -133,40 +157,22 @@ def _views_of(layer: Any, room: tuple[Any, Any]) -> bool:
 class DecodeLayer(DynamicLayer):
     """One layer's cache for rows decoding on shared prompts (read by
     :func:`~conductor_pipeline.generation.attention.grouped_decode_attention`): each prompt
-    group's keys and values once (a padded batch cache holds a prompt once per row, and
-    attention reads every copy at every token), and the generated tokens' per row in
-    preallocated buffers."""
+    group's keys and values once in ``prompts`` (a padded batch cache holds a prompt once per
+    row, and attention reads every copy at every token), and the generated tokens' per row in
+    ``keys`` and ``values``, appended in place (:func:`append_columns`)."""
 
-    def __init__(
-        self, prompts: list[tuple[torch.Tensor, torch.Tensor]], rows: int, width: int
-    ) -> None:
+    def __init__(self, prompts: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> None:
         super().__init__()
         keys, values = prompts[0]
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
+        self.lazy_initialization(keys, values)
         self.prompts = prompts
-        self._keys = keys.new_zeros((rows, keys.shape[1], width, keys.shape[3]))
-        self._values = values.new_zeros((rows, values.shape[1], width, values.shape[3]))
-        self.length = 0
-        self._views()
-
-    def _views(self) -> None:
-        self.keys = self._keys[:, :, : self.length]
-        self.values = self._values[:, :, : self.length]
+        self.keys = keys.new_zeros((rows, keys.shape[1], 0, keys.shape[3]))
+        self.values = values.new_zeros((rows, values.shape[1], 0, values.shape[3]))
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + key_states.shape[-2]
-        self._keys[:, :, self.length : end] = key_states
-        self._values[:, :, self.length : end] = value_states
-        self.length = end
-        self._views()
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
+        return append_columns(self, key_states, value_states)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._keys, self._values = self._keys[indices], self._values[indices]
-        self._views()
+        self.keys, self.values = self.keys[indices], self.values[indices]

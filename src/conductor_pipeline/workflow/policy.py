@@ -475,25 +475,17 @@ class LocalPolicy:
 
     def _prefix_cache(self, prefix: list[int], batch: int) -> Any:
         """The keys and values of ``prefix`` for ``batch`` rows (computed on first use, then
-        kept): views of the kept tensors, not copies; a pass appends by concatenation, into
-        new tensors, so nothing writes to the kept opening."""
+        kept): views of the kept tensors, not copies, which no pass writes to
+        (:func:`~conductor_pipeline.generation.kv_cache.cache_from`)."""
         import torch
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
+
+        from conductor_pipeline.generation.kv_cache import cache_from
 
         key = tuple(prefix)
         if self._prefix is None or self._prefix[0] != key:
             out = self._model(input_ids=torch.tensor([prefix]), use_cache=True)
             self._prefix = (key, out.past_key_values)
-        cache = DynamicCache()
-        cache.layers = []
-        for kept in self._prefix[1].layers:
-            layer = DynamicLayer()
-            layer.lazy_initialization(kept.keys, kept.values)
-            layer.keys = kept.keys.expand(batch, -1, -1, -1)
-            layer.values = kept.values.expand(batch, -1, -1, -1)
-            cache.layers.append(layer)
-        return cache
+        return cache_from([(kept.keys, kept.values) for kept in self._prefix[1].layers], batch)
 
 
 # a shared opening shorter than this is not worth a separate cache

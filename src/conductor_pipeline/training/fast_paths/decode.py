@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from conductor_pipeline.generation.attention import grouped_attention, unwrapped_model
-from conductor_pipeline.generation.kv_cache import DecodeLayer
+from conductor_pipeline.generation.kv_cache import KV, DecodeLayer
 from conductor_pipeline.generation.token_draw import draw_tokens, row_generator
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
@@ -18,7 +18,7 @@ from conductor_pipeline.training.fast_paths.layers import (
     backbone_and_head,
     layer_inputs,
 )
-from conductor_pipeline.training.fast_paths.prefill import KV, group_rows, prompt_caches
+from conductor_pipeline.training.fast_paths.prefill import group_rows, prompt_caches
 
 __all__ = ["shared_prefill_generate"]
 
@@ -40,13 +40,10 @@ class _GroupedDecodeCache(Cache):
     """The decode cache of rows sorted by prompt group; ``spans`` locates each group's
     rows among the live ones (see :func:`grouped_decode_attention`)."""
 
-    def __init__(self, caches: list[KV], row_groups: Sequence[int], width: int) -> None:
+    def __init__(self, caches: list[KV], row_groups: Sequence[int]) -> None:
         n_layers = len(caches[0])
         super().__init__(
-            layers=[
-                DecodeLayer([kv[i] for kv in caches], len(row_groups), width)
-                for i in range(n_layers)
-            ]
+            layers=[DecodeLayer([kv[i] for kv in caches], len(row_groups)) for i in range(n_layers)]
         )
         self.spans = _spans(row_groups)
 
@@ -109,7 +106,7 @@ def shared_prefill_generate(
         caches = prompt_caches(
             model, [ids for ids, _ in groups], share_prefix=share_prefix, record=record
         )
-        cache = _GroupedDecodeCache(caches, live_groups, max_new_tokens)
+        cache = _GroupedDecodeCache(caches, live_groups)
         device = caches[0][0][0].device
         tokens = torch.tensor([[prompt_ids[row][-1]] for row in live], device=device)
         positions = torch.tensor([[len(prompt_ids[row]) - 1] for row in live], device=device)

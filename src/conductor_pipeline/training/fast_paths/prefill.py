@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import DynamicLayer
 
+from conductor_pipeline.generation.kv_cache import KV, cache_from
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
@@ -18,7 +19,7 @@ from conductor_pipeline.training.fast_paths.layers import (
     run_layers,
 )
 
-__all__ = ["KV", "MIN_SHARED_PREFIX", "cache_from", "group_rows", "prompt_caches"]
+__all__ = ["MIN_SHARED_PREFIX", "group_rows", "prompt_caches"]
 
 # Prompts sharing fewer leading tokens are prefilled separately: one more forward call
 # costs about as much as that many tokens.
@@ -26,8 +27,6 @@ MIN_SHARED_PREFIX = 16
 
 
 # -- prompts and their caches -------------------------------------------------------------------
-
-KV = list[tuple[torch.Tensor, torch.Tensor] | None]  # per decoder layer; None: not computed
 
 
 def group_rows(prompts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[int]]]:
@@ -46,21 +45,6 @@ def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
         if any(p[i] != token for p in prompts):
             return i
     return length
-
-
-def cache_from(kv: KV | None, rows: int = 1, n_layers: int = 0) -> Cache:
-    """A transformers cache holding ``kv`` broadcast to ``rows`` rows without a copy (or an
-    empty one of ``n_layers`` layers); layers without states stay empty."""
-    layers = []
-    for entry in kv if kv is not None else [None] * n_layers:
-        layer = DynamicLayer()
-        if entry is not None:
-            keys, values = entry
-            layer.lazy_initialization(keys, values)
-            layer.keys = keys.expand(rows, -1, -1, -1)
-            layer.values = values.expand(rows, -1, -1, -1)
-        layers.append(layer)
-    return Cache(layers=layers)
 
 
 def _run_segment(

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from conductor_pipeline.generation.attention import grouped_attention
+from conductor_pipeline.generation.kv_cache import cache_from
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
@@ -17,7 +18,7 @@ from conductor_pipeline.training.fast_paths.layers import (
     first_trainable_layer,
     run_layers,
 )
-from conductor_pipeline.training.fast_paths.prefill import cache_from, group_rows, prompt_caches
+from conductor_pipeline.training.fast_paths.prefill import group_rows, prompt_caches
 
 __all__ = ["grouped_completion_logps"]
 
