@@ -81,7 +81,7 @@ def test_the_real_policy_serving_case_reports_one_users_latency(tmp_path):
     import asyncio
 
     from conductor_pipeline.benchmarks import bench_tasks
-    from conductor_pipeline.benchmarks.serving import _serve_one_user
+    from conductor_pipeline.benchmarks.serving import serve_one_user
     from conductor_pipeline.serving.models import ServedModel
     from conductor_pipeline.workers import WorkerPool
     from conductor_pipeline.workers.sandbox import SandboxServer
@@ -103,7 +103,7 @@ def test_the_real_policy_serving_case_reports_one_users_latency(tmp_path):
         figures = {}
         for warm_up in (False, True):
             policy = Warming(worker=pool.names.index("sim-abacus"))
-            figures[warm_up] = _serve_one_user(
+            figures[warm_up] = serve_one_user(
                 policy, pool, orchestration, ServedModel(), warm_up=warm_up, requests=3
             )
             assert policy.warmed == int(warm_up)

@@ -440,7 +440,7 @@ def test_real_policy_rows_leave_the_batch_when_they_end(smollm2, monkeypatch):
 def test_the_concurrency_benchmark_reports_each_client_count():
     """`make bench ARGS=serving`'s concurrency case, over the scripted policy with batching
     and a fake pool (the real Conductor's figures come from `make bench`, not tests)."""
-    from conductor_pipeline.benchmarks.serving_concurrency import _measure
+    from conductor_pipeline.benchmarks.serving_concurrency import measure_client_loads
 
     from .test_app import FakePool
 
@@ -458,7 +458,7 @@ def test_the_concurrency_benchmark_reports_each_client_count():
     pool = LoggingPool()
     pool.descriptions, pool.names = service.descriptions, service.worker_names
     policy = MicroBatchingPolicy(ScriptedBatches(), BatchingSettings(max_wait_ms=0))
-    figures = _measure(
+    figures = measure_client_loads(
         policy, pool, service.orchestration, service.served, ServingSettings(),
         clients=(1, 4), requests_per_client=2, single_requests=3,
     )  # fmt: skip

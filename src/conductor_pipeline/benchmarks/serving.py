@@ -82,7 +82,7 @@ def serving_real_policy(requests: int = 10) -> dict[str, Any]:
             for label, warm_up in (("without_warm_up", False), ("with_warm_up", True)):
                 # unbatched: one user, and the figures read the policy's own counters
                 policy = served_policy(policy_params, served.adapter_dir, settings)
-                figures[label] = _serve_one_user(
+                figures[label] = serve_one_user(
                     policy, pool, orchestration, served, warm_up=warm_up, requests=requests
                 )
                 figures["dtype"] = getattr(policy, "loaded_dtype", None)  # serving.dtype resolved
@@ -95,7 +95,7 @@ def serving_real_policy(requests: int = 10) -> dict[str, Any]:
     return figures
 
 
-def _serve_one_user(
+def serve_one_user(
     policy: Any, pool: Any, orchestration: Any, served: Any, *, warm_up: bool, requests: int
 ) -> dict[str, Any]:
     """Start the API over ``policy`` and ``pool``, then send one request at a time."""

@@ -59,7 +59,9 @@ def serving_concurrency(
             config.worker_pool, config.credentials, root=config.root, cache_mode="off"
         ) as pool:
             load = (clients, requests_per_client, single_requests)
-            figures.update(_measure(policy, pool, orchestration, served, settings, *load))
+            figures.update(
+                measure_client_loads(policy, pool, orchestration, served, settings, *load)
+            )
         # serving.dtype as it resolved on this machine (auto: bfloat16 where the CPU has it)
         figures["dtype"] = getattr(policy, "loaded_dtype", None)
     except Exception as err:  # e.g. no prepared tasks for the sandbox: say so, keep the suite
@@ -72,7 +74,7 @@ def serving_concurrency(
     return figures
 
 
-def _measure(
+def measure_client_loads(
     policy: Any,
     pool: Any,
     orchestration: Any,
