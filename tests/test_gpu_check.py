@@ -263,6 +263,14 @@ def test_memory_verdict_counts_vllms_share_and_the_headroom() -> None:
     without = dataclasses.replace(shape, use_vllm=False)
     added = gpu_check.memory_verdict(95.0, 140.0, without, PROFILE, same_model=True)
     assert added["vllm_share_gib"] == 42.0 and added["fits_memory"] is False
+    # the peak after generation measured apart: transformers' generation cache, which vLLM
+    # holds in its own share, is not counted twice (the H200 run of 2026-12-04 had a whole
+    # peak of 104.7 GiB; with the share added it read as not fitting)
+    apart = gpu_check.memory_verdict(
+        104.7, 140.0, without, PROFILE, same_model=True, loss_phase_peak_gib=60.0
+    )
+    assert apart["estimated_peak_gib"] == 102.0 and apart["fits_memory"] is True
+    assert apart["loss_phase_peak_gib"] == 60.0 and "generation" in apart["note"]
     # scaled-down shapes or another model cannot answer for the profile's run
     short = _profile_shape(prompt_tokens=512)
     unknown = gpu_check.memory_verdict(10.0, 140.0, short, PROFILE, same_model=True)
@@ -314,3 +322,13 @@ def test_a_watchdog_firing_after_the_verdict_leaves_it_alone(tmp_path: Path) -> 
     gpu_check.Budget(report, 1.0)._expire()  # would os._exit(3) if it overrode the verdict
     assert json.loads(report.path.read_text())["status"] == "ok"
     assert report.finish("failed", "late") is False
+
+
+def test_a_step_runs_when_one_more_fits_the_budget() -> None:
+    from conductor_pipeline.gpu_check.grpo import room_for_another_step
+
+    # the H200 run of 2026-12-04: a 157 s warm-up with 336 s left stopped before any timed
+    # step under the old rule (room for two steps); one step and a margin is what is needed
+    assert room_for_another_step(336.0, [157.0])
+    assert not room_for_another_step(200.0, [157.0])
+    assert not room_for_another_step(300.0, [100.0, 240.0])  # the slowest step decides

@@ -101,7 +101,8 @@ def peak_memory(
     ``peak_device_gib`` estimates the device-wide peak: what was in use before the section
     plus the growth of PyTorch's reserved pool up to its peak (vLLM colocated in this
     process allocates through PyTorch too), and never less than the device-wide use
-    ``sampler`` saw at step ends (which also holds allocations outside PyTorch)."""
+    ``sampler`` saw at step ends (which also holds allocations outside PyTorch), nor than
+    the peaks of the phases the section measured apart (``phase_peaks_gib``)."""
     import torch
 
     if device != "cuda":
@@ -119,6 +120,8 @@ def peak_memory(
         estimate = used_before + peak_reserved - reserved_before
         if sampler is not None and sampler.max_gib is not None:
             estimate = max(estimate, sampler.max_gib)
+        # a section that resets the peak counters between its phases reports their peaks
+        estimate = max([estimate, *into.get("phase_peaks_gib", {}).values()])
         into["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
         into["peak_reserved_gib"] = round(peak_reserved, 2)
         into["peak_device_gib"] = round(estimate, 2)

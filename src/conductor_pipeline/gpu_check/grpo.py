@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from conductor_pipeline.gpu_check.environment import synchronize
+from conductor_pipeline.gpu_check.environment import GIB, device_used_gib, synchronize
 from conductor_pipeline.gpu_check.model import lora_config
 from conductor_pipeline.gpu_check.profile import RunShape
 from conductor_pipeline.gpu_check.report import Budget
@@ -127,6 +127,13 @@ def self_contained_grpo_step(
     }
 
 
+def room_for_another_step(remaining_s: float, step_times: Sequence[float]) -> bool:
+    """Whether one more step, as slow as the slowest so far and a margin for writing the
+    report, fits in ``remaining_s``: each step decides after itself, so one step's room is
+    all it needs."""
+    return remaining_s >= 1.25 * max(step_times) + 30
+
+
 def run_self_contained_grpo(
     policy: Any,
     prompt_ids: list[list[int]],
@@ -153,7 +160,8 @@ def run_self_contained_grpo(
     warmup = step()
     records: list[dict[str, float]] = []
     for _ in range(shape.steps):
-        if budget is not None and budget.remaining() < 2 * warmup["step_s"]:
+        slowest = [warmup["step_s"], *(r["step_s"] for r in records)]
+        if budget is not None and not room_for_another_step(budget.remaining(), slowest):
             break
         records.append(step())
     return {
@@ -210,19 +218,42 @@ def run_trl_grpo(
     cuda = device == "cuda"
     trainer_cls, impl = trl_trainer_class()
     timings: list[float] = []
+    # Without vLLM, transformers' generate holds the rollouts' KV cache in PyTorch's pool;
+    # colocated vLLM holds it in its own share instead. So the loss phase (from the step's
+    # first micro-batch on) is measured apart: its peak plus vLLM's share is the run's.
+    phases: dict[str, Any] = {"fresh": False, "generation": [], "loss": []}
+
+    def device_peak_gib() -> float:
+        """The pool's peak since the last reset, plus what the device holds outside the
+        pool (the CUDA context)."""
+        outside = device_used_gib(device) - torch.cuda.memory_reserved() / GIB
+        return torch.cuda.max_memory_reserved() / GIB + outside
+
+    class LossPhasePeak(trainer_cls):  # type: ignore[misc, valid-type]
+        def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+            if phases["fresh"]:
+                phases["fresh"] = False
+                torch.cuda.synchronize()
+                phases["generation"].append(device_peak_gib())
+                torch.cuda.empty_cache()  # generation's cached blocks: vLLM's to hold
+                torch.cuda.reset_peak_memory_stats()
+            return super().compute_loss(*args, **kwargs)
 
     class StepTimer(TrainerCallback):  # type: ignore[misc]
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             synchronize(device)
+            phases["fresh"] = True
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             synchronize(device)
             timings.append(time.perf_counter() - self.t0)
+            if phases["generation"]:
+                phases["loss"].append(device_peak_gib())
             if on_step_end is not None:
                 on_step_end()
             # stop early rather than be cut off by the watchdog with nothing recorded
-            if budget is not None and budget.remaining() < 2 * max(timings) + 30:
+            if budget is not None and not room_for_another_step(budget.remaining(), timings):
                 control.should_training_stop = True
 
     def reward_fn(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
@@ -264,7 +295,7 @@ def run_trl_grpo(
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.bfloat16 if cuda else torch.float32
     )
-    trainer = trainer_cls(
+    trainer = (LossPhasePeak if cuda and not shape.use_vllm else trainer_cls)(
         model=model,
         reward_funcs=[reward_fn],
         args=args,
@@ -287,6 +318,10 @@ def run_trl_grpo(
         "grad_norm": [entry.get("grad_norm") for entry in logs],
         "completion_length_mean": [entry.get("completions/mean_length") for entry in logs],
     }
+    if phases["loss"]:
+        result["phase_peaks_gib"] = {
+            name: round(max(phases[name]), 2) for name in ("generation", "loss")
+        }
     del trainer, model
     if cuda:
         torch.cuda.empty_cache()

@@ -167,7 +167,15 @@ def _verdict(
     total = report.data["environment"].get("gpu_total_gib")
     verdict: dict[str, Any] = {}
     verdict.update(
-        memory_verdict(grpo.get("peak_device_gib"), total, shape, profile, same_model, headroom)
+        memory_verdict(
+            grpo.get("peak_device_gib"),
+            total,
+            shape,
+            profile,
+            same_model,
+            headroom,
+            loss_phase_peak_gib=grpo.get("phase_peaks_gib", {}).get("loss"),
+        )
     )
     verdict.update(time_verdict(grpo.get("median_step_s"), shape, profile, same_model))
     verdict.update(_coverage(shape, parts, grpo))

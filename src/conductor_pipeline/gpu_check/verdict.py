@@ -39,10 +39,16 @@ def memory_verdict(
     profile: ProfileShapes,
     same_model: bool,
     headroom: float = DEFAULT_HEADROOM,
+    loss_phase_peak_gib: float | None = None,
 ) -> dict[str, Any]:
     """``fits_memory``: the peak device memory of the measured steps (plus colocated vLLM's
     share when the measured steps ran without it) within the device's memory less
-    ``headroom``. ``None`` with ``fits_memory_reason`` when the measurement cannot say."""
+    ``headroom``. ``None`` with ``fits_memory_reason`` when the measurement cannot say.
+
+    ``loss_phase_peak_gib``: the steps' peak after generation, when measured apart. Without
+    vLLM, transformers' generate keeps the rollouts' KV cache in PyTorch's pool, which
+    colocated vLLM keeps in its own share: then that peak plus the share is the estimate,
+    not the whole peak plus the share, which would count the cache twice."""
     out: dict[str, Any] = {"fits_memory": None, "peak_device_gib": peak_device_gib}
     if peak_device_gib is None or total_gib is None:
         out["fits_memory_reason"] = "no GPU memory measured"
@@ -56,8 +62,16 @@ def memory_verdict(
     if profile.use_vllm and profile.vllm_mode == "colocate" and not shape.use_vllm:
         share = profile.vllm_gpu_memory_utilization * total_gib
         out["vllm_share_gib"] = round(share, 2)
-        estimate += share
-        out["note"] = "measured without vLLM; its colocated share added"
+        if loss_phase_peak_gib is None:
+            estimate += share
+            out["note"] = "measured without vLLM; its colocated share added"
+        else:
+            out["loss_phase_peak_gib"] = loss_phase_peak_gib
+            estimate = loss_phase_peak_gib + share
+            out["note"] = (
+                "measured without vLLM: the peak after generation plus vLLM's colocated share "
+                "(transformers' generation cache, which vLLM holds in its share, left out)"
+            )
     limit = total_gib * (1.0 - headroom)
     out.update(
         estimated_peak_gib=round(estimate, 2),
