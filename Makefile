@@ -97,7 +97,7 @@ docs: $(STAMP) ## Build the documentation site (site/) with warnings as errors
 # It needs no .venv: with none, python3 runs it with PYTHONPATH=src and only PyTorch,
 # Transformers and PEFT (TRL, vLLM, the SmolLM2 weights are used when present). Wheels in
 # $(GPU_WHEELS) (see gpu-wheels) go into a private folder first, never into the environment.
-.PHONY: gpu-check gpu-wheels
+.PHONY: gpu-check gpu-wheels gpu-tokenizer
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 GPU_WHEELS ?= data/gpu_wheels
 GPU_WHEELS_PYTHON_VERSION ?= 3.12
@@ -119,6 +119,16 @@ gpu-wheels: ## Download TRL and its extra wheels for the GPU machine into data/g
 	python3 -m pip download --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PYTHON_VERSION) \
 	  --implementation cp --platform manylinux2014_x86_64 --platform any -d $(GPU_WHEELS) \
 	  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+
+# A Qwen2.5 tokenizer for `gpu-check --random-init` where the model's files are absent: the
+# vocabulary file dashscope's wheel ships, made into a transformers folder (gpu_check/qwen_tokenizer.py).
+GPU_TOKENIZER ?= data/06_models/qwen2.5-tokenizer
+gpu-tokenizer: $(STAMP) ## Make a Qwen2.5 tokenizer folder for gpu-check --random-init in data/06_models
+	tmp=$$(mktemp -d) && \
+	python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$$tmp" dashscope==1.20.0 && \
+	unzip -q -o -j "$$tmp"/dashscope-1.20.0-*.whl dashscope/resources/qwen.tiktoken -d "$$tmp" && \
+	$(BIN)/python -m conductor_pipeline.gpu_check.qwen_tokenizer "$$tmp/qwen.tiktoken" $(GPU_TOKENIZER) && \
+	rm -rf "$$tmp"
 
 # Each target's line carries its description after `##`; `make help` lists them.
 help: ## List the targets with what they do

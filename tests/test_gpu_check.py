@@ -332,3 +332,30 @@ def test_a_step_runs_when_one_more_fits_the_budget() -> None:
     assert room_for_another_step(336.0, [157.0])
     assert not room_for_another_step(200.0, [157.0])
     assert not room_for_another_step(300.0, [100.0, 240.0])  # the slowest step decides
+
+
+def test_the_qwen_tokenizer_folder_puts_the_special_tokens_after_the_vocabulary(
+    tmp_path: Path,
+) -> None:
+    import base64
+
+    from transformers import AutoTokenizer
+
+    from conductor_pipeline.gpu_check.qwen_tokenizer import SPECIAL_TOKENS, build_qwen_tokenizer
+
+    # a tiktoken file in Qwen's format: the 256 bytes, then one merge ("ab", rank 256)
+    ranks = [bytes([b]) for b in range(256)] + [b"ab"]
+    vocab = tmp_path / "tiny.tiktoken"
+    vocab.write_text(
+        "".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(ranks))
+    )
+    size = build_qwen_tokenizer(vocab, tmp_path / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+    assert size == 257 + len(SPECIAL_TOKENS)
+    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"]) == [257, 259]
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    assert tokenizer("ab", add_special_tokens=False)["input_ids"] == [256]
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "ab"}], tokenize=False, add_generation_prompt=True
+    )
+    assert chat == "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n"
