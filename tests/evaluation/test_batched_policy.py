@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from conductor_pipeline.evaluation import BatchingPolicy
+from conductor_pipeline.evaluation import batching_policy
 from conductor_pipeline.workflow import LocalPolicy
 
 CONVERSATIONS = [
@@ -50,7 +50,7 @@ def test_batched_rows_equal_one_at_a_time_and_ignore_their_batch(tiny_model_dir,
 
 
 def test_batching_wrapper_groups_concurrent_requests(tiny_model_dir):
-    policy = BatchingPolicy(LocalPolicy(model_dir=tiny_model_dir), max_batch=2, wait_s=0.05)
+    policy = batching_policy(LocalPolicy(model_dir=tiny_model_dir), max_batch=2, wait_s=0.05)
 
     async def go():
         return await asyncio.gather(
@@ -61,7 +61,7 @@ def test_batching_wrapper_groups_concurrent_requests(tiny_model_dir):
         )
 
     out = asyncio.run(go())
-    assert len(out) == 3 and sorted(policy.batches) == [1, 2]
+    assert len(out) == 3 and policy.stats.batch_sizes == [1, 2]
 
 
 OPENING = "You plan work for a team of workers and never answer yourself. " * 6
@@ -92,7 +92,7 @@ def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model_dir, t
         batch = await policy.complete_many(
             SHARED, temperature=temperature, max_tokens=10, seeds=seeds
         )
-        kept = policy._prefix[0]
+        kept = policy._engine.prefix[0]
         later = await policy.complete_many(
             SHARED[1:2], temperature=temperature, max_tokens=10, seeds=seeds[1:2]
         )
@@ -100,7 +100,7 @@ def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model_dir, t
 
     single, batch, kept, later = asyncio.run(go())
     assert len(kept) > 32  # the opening was cached ...
-    assert policy._prefix[0] == kept  # ... and reused by a later one-row batch
+    assert policy._engine.prefix[0] == kept  # ... and reused by a later one-row batch
     assert [c.text for c in batch] == [c.text for c in single]
     assert [c.prompt_tokens for c in batch] == [c.prompt_tokens for c in single]
     assert later[0].text == single[1].text
@@ -115,7 +115,11 @@ def test_the_kept_opening_is_never_written_to(tiny_model_dir):
     import torch
 
     def kept_tensors() -> list:
-        return [t.clone() for layer in policy._prefix[1].layers for t in (layer.keys, layer.values)]
+        return [
+            t.clone()
+            for layer in policy._engine.prefix[1].layers
+            for t in (layer.keys, layer.values)
+        ]
 
     async def go():
         await policy.complete_many(SHARED, temperature=1.0, max_tokens=12, seeds=[1, 2, 3])

@@ -1,6 +1,6 @@
 """Packed batches (generation/attention.py) and in-place cache appends
 (generation/kv_cache.py), without a model: the real-model equivalence is in
-tests/workers/test_lookup_decoding.py."""
+tests/generation/test_decode.py."""
 
 from __future__ import annotations
 

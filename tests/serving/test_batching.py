@@ -412,7 +412,7 @@ def test_real_policy_rows_leave_the_batch_when_they_end(smollm2, monkeypatch):
         _msgs("Say OK."),
     ]
     seeds = [1, 2, 3]
-    # one token a pass (guesses would cover several: tests/workers/test_lookup_decoding.py)
+    # one token a pass (guesses would cover several: tests/generation/test_decode.py)
     monkeypatch.setattr(smollm2, "lookup_tokens", 0)
     single = [
         asyncio.run(smollm2.complete(c, temperature=0.0, max_tokens=24, seed=s))
@@ -501,7 +501,7 @@ def test_the_window_is_skipped_only_for_a_lone_request():
 
 
 def _Waiting_stub():  # noqa: N802, ANN202
-    from conductor_pipeline.serving.batching import _Waiting
+    from conductor_pipeline.generation.batching import _Waiting
 
     loop = asyncio.new_event_loop()
     try:
@@ -672,11 +672,11 @@ def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts
     """Two planning prompts start; after two passes a third joins (its opening from the
     kept cache), after three a prompt without that opening; every reply is the one the
     policy writes alone."""
-    from conductor_pipeline.workers import lookup_decoding
+    from conductor_pipeline.generation import decode
     from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
 
     if compact:
-        monkeypatch.setattr(lookup_decoding, "_MAX_HIDDEN", 0)
+        monkeypatch.setattr(decode, "_MAX_HIDDEN", 0)
 
     def planning(question: str) -> list[dict[str, str]]:
         return conductor_messages(question, ["a", "b", "c"], PromptConfig(few_shot=[]))

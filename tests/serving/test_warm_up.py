@@ -91,7 +91,11 @@ def test_single_requests_reuse_the_warm_prefix_and_write_the_same_text(smollm2):
     with pytest.raises(ValueError, match="at least one"):
         smollm2.warm_up([])
     shared = smollm2.warm_up([_planning("What is 2 + 2?"), _planning("Is ice cold?")])
-    assert shared >= 32 and smollm2._prefix is not None and len(smollm2._prefix[0]) == shared
+    assert (
+        shared >= 32
+        and smollm2._engine.prefix is not None
+        and len(smollm2._engine.prefix[0]) == shared
+    )
     assert smollm2.prefix_hits == 0  # the warm-up's own generation is not counted
     for (question, seed), (text, prompt_tokens, completion_tokens) in before.items():
         got = asyncio.run(

@@ -31,10 +31,13 @@ def test_load_warm_up_and_every_generation_run_on_one_thread(tiny_model_dir):
     ran_on: set[int] = set()
     drew_with: set[int] = set()
 
-    # load from one thread, warm up from another, generate from event loops in a third
+    # load from one thread, warm up from another, generate from event loops in a third; every
+    # generation path (single, batch, continuous batch) runs the decoder stack on its own
     with ThreadPoolExecutor(1) as loader:
         loader.submit(policy.load).result()
-    policy._model.register_forward_pre_hook(lambda *_: ran_on.add(threading.get_ident()))
+    policy._model.get_decoder().register_forward_pre_hook(
+        lambda *_: ran_on.add(threading.get_ident())
+    )
     with ThreadPoolExecutor(1) as warmer:
         warmer.submit(policy.warm_up, CONVERSATIONS).result()
 
@@ -54,13 +57,17 @@ def test_load_warm_up_and_every_generation_run_on_one_thread(tiny_model_dir):
     # a second policy in the process, with its own thread count, uses the same thread
     other = LocalPolicy(model_dir=tiny_model_dir, torch_threads=3)
     other.load()
-    other._model.register_forward_pre_hook(lambda *_: ran_on.add(threading.get_ident()))
+    other._model.get_decoder().register_forward_pre_hook(
+        lambda *_: ran_on.add(threading.get_ident())
+    )
     threads_seen: list[int] = []
 
     async def other_generates() -> None:
         await other.complete(CONVERSATIONS[1], temperature=1.0, max_tokens=4, seed=6)
 
-    other._model.register_forward_pre_hook(lambda *_: threads_seen.append(torch.get_num_threads()))
+    other._model.get_decoder().register_forward_pre_hook(
+        lambda *_: threads_seen.append(torch.get_num_threads())
+    )
     asyncio.run(other_generates())
     assert len(ran_on) == 1
     assert threading.get_ident() not in ran_on
@@ -81,6 +88,7 @@ def test_draw_threads_keep_one_torch_thread_when_the_torch_thread_sets_two(tiny_
     # in the process: the draw threads start (set to one), the torch thread then sets two,
     # and only then do the draw threads run a parallel operation
     policy = LocalPolicy(model_dir=tiny_model_dir, torch_threads=2)
+    policy.load()  # the draw threads belong to the loaded model's engine
     pool = policy._draw_threads()
     assert pool is not None
     started, release = threading.Barrier(3), threading.Event()

@@ -34,7 +34,7 @@ from conductor_pipeline.evaluation.metrics import (
     summarise_by_domain,
 )
 from conductor_pipeline.evaluation.plots import pareto_figure
-from conductor_pipeline.evaluation.policies import BatchingPolicy, SharedSamples
+from conductor_pipeline.evaluation.policies import SharedSamples, batching_policy
 from conductor_pipeline.evaluation.records import (
     QuestionResult,
     orchestration_from_record,
@@ -63,7 +63,6 @@ __all__ = [
     "CONDUCTOR_SYSTEMS",
     "CONTRACT_COLUMNS",
     "SYSTEM_KINDS",
-    "BatchingPolicy",
     "BestOfNSystem",
     "ConductorSystem",
     "EvaluationConfig",
@@ -78,6 +77,7 @@ __all__ = [
     "RandomWorkflowSystem",
     "ResultStore",
     "SharedSamples",
+    "batching_policy",
     "SoloSystem",
     "bootstrap_ci",
     "derive_oracle",

@@ -40,7 +40,7 @@ from typing import Any
 from conductor_pipeline.evaluation.config import EvaluationConfig
 from conductor_pipeline.evaluation.kinds import derive_oracle, derive_router
 from conductor_pipeline.evaluation.metrics import system_order
-from conductor_pipeline.evaluation.policies import BatchingPolicy, SharedSamples
+from conductor_pipeline.evaluation.policies import SharedSamples, batch_sizes, batching_policy
 from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.evaluation.registry import KINDS, RunContext, SystemKind
 from conductor_pipeline.evaluation.store import ResultStore
@@ -231,13 +231,13 @@ class _SharedModels:
 
     def __call__(self, policy: Any) -> SharedSamples:
         if id(policy) not in self.wrapped:
-            batching = BatchingPolicy(policy, max_batch=self.batch_size, turn=self.turn)
+            batching = batching_policy(policy, max_batch=self.batch_size, turn=self.turn)
             self.wrapped[id(policy)] = SharedSamples(batching)
         return self.wrapped[id(policy)]
 
     def info(self) -> dict[str, Any]:
         return {
-            "conductor_batches": [n for w in self.wrapped.values() for n in w.policy.batches],
+            "conductor_batches": [n for w in self.wrapped.values() for n in batch_sizes(w.policy)],
             "shared_samples": sum(w.hits for w in self.wrapped.values()),
         }
 

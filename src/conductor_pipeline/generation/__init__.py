@@ -8,6 +8,13 @@ them (``tests/test_imports.py``); it needs torch and transformers only.
 one seeded generator per row, so a row's text depends on its prompt, its seed and the
 sampling settings, never on the rows beside it).
 
+``decode``: the one decode loop of served, evaluated and asked replies (lookup decoding of a
+batch that rows join and leave; a single request is a batch of one row); ``local``: a loaded
+model's generation state (the kept prompt opening, recent replies, one generation at a time);
+``batching``: the one micro-batcher, gathering concurrent requests into batches (the API's
+and evaluation's). GRPO rollouts decode on their own loop
+(``training/fast_paths/decode.py``): rows grouped by prompt, the prompt's keys held once.
+
 ``attention``: the one attention (transformers' SDPA with grouped key/value heads broadcast by
 the kernel, packed rows, rows decoding on a shared prompt); ``kv_cache``: cache layers that
 passes append into in place.

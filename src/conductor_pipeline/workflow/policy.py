@@ -10,16 +10,15 @@ transformers, peft, litellm) happen on first use: importing the package stays ch
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from conductor_pipeline.generation.batching import JoiningRow
 from conductor_pipeline.workers.local_model import MODEL_DTYPES
 from conductor_pipeline.workers.torch_thread import (
     default_torch_threads,
@@ -28,9 +27,6 @@ from conductor_pipeline.workers.torch_thread import (
     set_torch_threads,
 )
 from conductor_pipeline.workflow.adapter_base import DEFAULT_LOCAL_BASE, check_adapter_base
-
-# a conversation joining a continuous batch: (the caller's handle, messages, seed)
-JoiningRow = tuple[Any, list[dict[str, str]], int]
 
 
 @dataclass
@@ -62,6 +58,12 @@ class LocalPolicy:
     caps torch's CPU threads (``None``: torch's default); one thread each keeps it and the
     sandbox's real worker from oversubscribing a small machine's cores. ``dtype``: the
     weights' precision (``float32``, ``bfloat16``, ``auto``: see :func:`model_dtype`).
+    ``lookup_tokens``: the most tokens lookup decoding guesses a pass (0: one token a pass).
+
+    This class is the policy's chat side (templates, text, the torch thread); generation
+    itself, on token ids, is the engine's
+    (:class:`~conductor_pipeline.generation.local.LocalEngine`), whose one decode loop serves
+    single requests, batches and continuous batches alike.
 
     Loading, warm-up and generation run on the process's torch thread, whichever thread asks
     (:mod:`~conductor_pipeline.workers.torch_thread` says why); on one CPU thread a policy
@@ -106,17 +108,22 @@ class LocalPolicy:
         )
         self._model: Any = None
         self._tokenizer: Any = None
+        self._engine: Any = None  # a LocalEngine, once loaded
         self._load_lock = threading.Lock()
-        self._prefix: tuple[tuple[int, ...], Any] | None = None  # (token ids, their cache)
-        # one generation at a time: the model is shared and CPU threads are few
-        self._generate_lock = threading.Lock()
-        # observability: single requests answered from the kept prompt-opening cache, and
-        # forward passes (prompts included) of single requests and of batches
-        self.prefix_hits = self.forward_passes = self.batch_forward_passes = 0
-        # recent replies (token ids) that lookup decoding guesses from; they change how
-        # fast a reply is written; what it says only up to float rounding (docs/serving.md)
-        self._recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
-        self._draw_pool: Any = None  # see _draw_threads
+
+    # observability: single requests answered from the kept prompt-opening cache, and
+    # forward passes (prompts included) of single requests and of batches
+    @property
+    def prefix_hits(self) -> int:
+        return self._engine.prefix_hits if self._engine is not None else 0
+
+    @property
+    def forward_passes(self) -> int:
+        return self._engine.forward_passes if self._engine is not None else 0
+
+    @property
+    def batch_forward_passes(self) -> int:
+        return self._engine.batch_forward_passes if self._engine is not None else 0
 
     def load(self) -> None:
         run_on_torch_thread(self._load)
@@ -126,6 +133,7 @@ class LocalPolicy:
             if self._model is not None:
                 return
             from conductor_pipeline.generation.attention import use_grouped_attention
+            from conductor_pipeline.generation.local import LocalEngine
             from conductor_pipeline.workers.local_model import load_smollm2, model_dtype
 
             if self.model_dir is None:
@@ -145,49 +153,25 @@ class LocalPolicy:
             self.loaded_dtype = str(model.dtype).removeprefix("torch.")
             model.eval()
             use_grouped_attention(model)
+            self._engine = LocalEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
             self._model, self._tokenizer = model, tokenizer
 
     def _generate(
         self, messages: list[dict[str, str]], temperature: float, max_tokens: int, seed: int
     ) -> PolicyCompletion:
-        """One reply by lookup decoding (:mod:`~conductor_pipeline.workers.lookup_decoding`):
-        the tokens plain decoding draws for ``seed``, several checked per forward pass when
-        the reply repeats text seen before (``lookup_tokens`` guesses at most; 0: one token
-        a pass). A prompt that continues the kept opening (:meth:`warm_up`) prefills only
-        its own tokens."""
-        import torch
-        from transformers import DynamicCache
-
-        from conductor_pipeline.workers.local_model import RowSampler, encode_chat
-        from conductor_pipeline.workers.lookup_decoding import lookup_generate
-
+        """One reply, a batch of one row: the tokens plain decoding draws for ``seed``, several
+        checked per forward pass when the reply repeats text seen before. A prompt that
+        continues the kept opening (:meth:`warm_up`) prefills only its own tokens."""
         self.load()
         self._set_threads()
-        ids, prefilled = encode_chat(self._tokenizer, messages)
+        ids, prefilled = self._encode(messages)
         if max_tokens < 1:
             return PolicyCompletion("", len(ids), 0, 0.0)
         start = time.perf_counter()
-        with self._generate_lock, torch.inference_mode():
-            kept = list(self._prefix[0]) if self._prefix is not None else []
-            if kept and len(ids) > len(kept) and ids[: len(kept)] == kept:
-                self.prefix_hits += 1
-                cache, cached = self._prefix_cache(kept, 1), len(kept)
-            else:
-                cache, cached = DynamicCache(), 0
-            result = lookup_generate(
-                self._model,
-                ids,
-                cache,
-                cached,
-                RowSampler([temperature], [seed]),
-                int(max_tokens),
-                self._tokenizer.eos_token_id,
-                history=list(self._recent_replies),
-                max_guess=self.lookup_tokens,
-            )
-            self._recent_replies.appendleft(result.tokens)
-            self.forward_passes += result.forward_passes + 1  # + the prompt's pass
-        return self._completion(result.tokens, len(ids), prefilled, time.perf_counter() - start)
+        tokens = self._engine.generate(
+            [ids], temperature, int(max_tokens), [seed], self.lookup_tokens, single=True
+        )[0]
+        return self._completion(tokens, len(ids), prefilled, time.perf_counter() - start)
 
     def warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int = 4) -> int:
         """Prepare for serving: load the model, keep the key/value cache of the opening that
@@ -201,22 +185,12 @@ class LocalPolicy:
         return run_on_torch_thread(self._warm_up, conversations, max_tokens)
 
     def _warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int) -> int:
-        import torch
-
-        from conductor_pipeline.workers.local_model import encode_chat
-
         self.load()
         self._set_threads()
-        rows = [encode_chat(self._tokenizer, messages)[0] for messages in conversations]
-        shared = _common_prefix(rows) if len(rows) > 1 else 0
-        with self._generate_lock, torch.inference_mode():
-            if shared >= _MIN_SHARED_PREFIX:
-                self._prefix_cache(rows[0][:shared], 1)
-            else:
-                shared = 0
-        hits = self.prefix_hits
+        shared = self._engine.keep_opening([self._encode(m)[0] for m in conversations])
+        hits = self._engine.prefix_hits
         self._generate(conversations[0], 0.0, max_tokens, 0)
-        self.prefix_hits = hits  # the warm-up is not a served request
+        self._engine.prefix_hits = hits  # the warm-up is not a served request
         return shared
 
     async def complete(
@@ -250,29 +224,22 @@ class LocalPolicy:
         max_tokens: int,
         seeds: list[int],
     ) -> list[PolicyCompletion]:
-        import torch
-
-        from conductor_pipeline.workers.local_model import RowSampler, encode_chat
-
         self.load()
         self._set_threads()
-        tokenizer = self._tokenizer
-        encoded = [encode_chat(tokenizer, messages) for messages in conversations]
-        rows = [ids for ids, _ in encoded]
-        input_ids, attention_mask, shared = self._padded(rows)
-        sampler = RowSampler([temperature] * len(rows), seeds)
-
+        encoded = [self._encode(messages) for messages in conversations]
         start = time.perf_counter()
-        with self._generate_lock, torch.inference_mode():
-            cache = self._prefix_cache(rows[0][:shared], len(rows)) if shared else None
-            generated = self._decode(
-                input_ids, attention_mask, cache, shared, sampler, int(max_tokens)
-            )
-            self._recent_replies.extendleft(generated)
+        replies = self._engine.generate(
+            [ids for ids, _ in encoded],
+            temperature,
+            int(max_tokens),
+            seeds,
+            self.lookup_tokens,
+            self._draw_threads(),
+        )
         latency = time.perf_counter() - start
         return [
-            self._completion(new, len(row), prefilled, latency)  # new: with its end token
-            for new, row, (_, prefilled) in zip(generated, rows, encoded, strict=True)
+            self._completion(new, len(ids), prefilled, latency)  # new: with its end token
+            for new, (ids, prefilled) in zip(replies, encoded, strict=True)
         ]
 
     async def complete_continuously(
@@ -308,88 +275,38 @@ class LocalPolicy:
         more: Callable[[int], list[JoiningRow]],
         done: Callable[[Any, PolicyCompletion], None],
     ) -> None:
-        import torch
-
-        from conductor_pipeline.workers.lookup_decoding import BatchLookupDecoder
-
         self.load()
         self._set_threads()
-        tokenizer = self._tokenizer
-        decoder = BatchLookupDecoder(
-            self._model,
-            tokenizer.eos_token_id,
-            tokenizer.pad_token_id,
+        # handle -> (prompt tokens, prefilled): what a completion needs besides its ids
+        writing: dict[Any, tuple[int, bool]] = {}
+
+        def encoded(joining: list[JoiningRow]) -> list[tuple[Any, list[int], int]]:
+            rows = []
+            for handle, messages, seed in joining:
+                ids, prefilled = self._encode(messages)
+                writing[handle] = (len(ids), prefilled)
+                rows.append((handle, ids, seed))
+            return rows
+
+        def finished(handle: Any, tokens: list[int], joined: float) -> None:
+            prompt_tokens, prefilled = writing.pop(handle)
+            latency = time.perf_counter() - joined
+            done(handle, self._completion(tokens, prompt_tokens, prefilled, latency))
+
+        self._engine.generate_continuously(
+            encoded(first),
+            temperature,
+            int(max_tokens),
+            lambda rows: encoded(list(more(rows))),
+            finished,
             self.lookup_tokens,
             self._draw_threads(),
         )
-        # handle (the decoder's key for its row) -> (prompt tokens, prefilled, joined at)
-        writing: dict[Any, tuple[int, bool, float]] = {}
-        joining = list(first)
-        with self._generate_lock, torch.inference_mode():
-            while joining or decoder.rows:
-                if joining:
-                    self._join(decoder, joining, temperature, int(max_tokens), writing)
-                if decoder.rows:
-                    decoder.step()
-                for handle, tokens in decoder.pop_finished():
-                    self._recent_replies.appendleft(tokens)
-                    prompt_tokens, prefilled, joined = writing.pop(handle)
-                    latency = time.perf_counter() - joined
-                    done(handle, self._completion(tokens, prompt_tokens, prefilled, latency))
-                joining = list(more(decoder.rows))
-        self.batch_forward_passes += decoder.passes + decoder.prompt_passes
 
-    def _join(
-        self,
-        decoder: Any,
-        joining: list[JoiningRow],
-        temperature: float,
-        max_tokens: int,
-        writing: dict[Any, tuple[int, bool, float]],
-    ) -> None:
-        """Add ``joining`` to ``decoder`` (their shared opening comes from the kept cache) and
-        note them in ``writing``."""
-        from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+    def _encode(self, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
+        from conductor_pipeline.workers.local_model import encode_chat
 
-        joined = time.perf_counter()
-        encoded = [encode_chat(self._tokenizer, messages) for _, messages, _ in joining]
-        rows = [ids for ids, _ in encoded]
-        input_ids, attention_mask, shared = self._padded(rows)
-        cache = self._prefix_cache(rows[0][:shared], len(rows)) if shared else None
-        handles = [handle for handle, _, _ in joining]
-        for handle, (ids, prefilled) in zip(handles, encoded, strict=True):
-            writing[handle] = (len(ids), prefilled, joined)
-        sampler = RowSampler([temperature] * len(rows), [seed for _, _, seed in joining])
-        decoder.join(
-            input_ids,
-            attention_mask,
-            cache,
-            shared,
-            sampler,
-            max_tokens,
-            handles,
-            history=list(self._recent_replies),
-        )
-
-    def _padded(self, rows: list[list[int]]) -> tuple[Any, Any, int]:
-        """``rows`` as one padded batch ``(input_ids, attention_mask, shared)``.
-
-        Conductor prompts share a long opening (rules, workers, examples): its keys and
-        values come from a cache (:meth:`_prefix_cache`), and each row holds [shared | pads |
-        own tokens] with the mask skipping the pads (positions follow the mask, so they stay
-        contiguous)."""
-        import torch
-
-        pad = self._tokenizer.pad_token_id
-        shared = self._shared_prefix(rows)
-        width = max(len(r) for r in rows) - shared
-        input_ids = torch.tensor(
-            [r[:shared] + [pad] * (width - len(r) + shared) + r[shared:] for r in rows]
-        )
-        attention_mask = torch.tensor(
-            [[1] * shared + [0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows]
-        )
-        return input_ids, attention_mask, shared
+        return encode_chat(self._tokenizer, messages)
 
     def _completion(
         self, tokens: list[int], prompt_tokens: int, prefilled: bool, latency: float
@@ -397,41 +314,6 @@ class LocalPolicy:
         text = self._tokenizer.decode(tokens, skip_special_tokens=True)
         text = text.rstrip() if prefilled else text.strip()
         return PolicyCompletion(text, prompt_tokens, len(tokens), latency)
-
-    def _decode(
-        self,
-        input_ids: Any,
-        attention_mask: Any,
-        cache: Any,
-        shared: int,
-        sampler: Any,
-        max_tokens: int,
-    ) -> list[list[int]]:
-        """Sample up to ``max_tokens`` tokens per row of a padded batch whose first ``shared``
-        tokens are in ``cache``; a row's list ends with the end token when it wrote one.
-
-        Batched lookup decoding (:mod:`~conductor_pipeline.workers.lookup_decoding`): each
-        row draws with its own sampler (the same draws, so the same text) and leaves the
-        batch when done, where ``generate`` would run every row as long as the longest.
-        """
-        from conductor_pipeline.workers.lookup_decoding import lookup_decode_batch
-
-        result = lookup_decode_batch(
-            self._model,
-            input_ids,
-            attention_mask,
-            cache,
-            shared,
-            sampler,
-            max_tokens,
-            self._tokenizer.eos_token_id,
-            self._tokenizer.pad_token_id,
-            history=list(self._recent_replies),
-            max_guess=self.lookup_tokens,
-            draw_threads=self._draw_threads(),
-        )
-        self.batch_forward_passes += result.forward_passes + 1  # + the prompts' pass
-        return result.tokens
 
     def _draw_threads(self) -> Any:
         """Threads for a batch's rows to draw their tokens side by side (None with one CPU
@@ -441,16 +323,7 @@ class LocalPolicy:
         import torch
 
         threads = self.torch_threads or torch.get_num_threads()
-        if threads < 2:
-            return None
-        if self._draw_pool is None:
-            self._draw_pool = ThreadPoolExecutor(
-                threads,
-                thread_name_prefix="conductor-draw",
-                initializer=set_torch_threads,
-                initargs=(1,),
-            )
-        return self._draw_pool
+        return self._engine.draw_pool(threads, lambda: set_torch_threads(1))
 
     async def _in_thread(self, work: Callable[..., Any], *args: Any) -> Any:
         """``work(*args)`` off the event loop: on the torch thread, unless the policy runs on
@@ -462,43 +335,6 @@ class LocalPolicy:
     def _set_threads(self) -> None:
         # policies with different thread counts share the torch thread: each sets its own
         set_torch_threads(self.torch_threads or default_torch_threads())
-
-    def _shared_prefix(self, rows: list[list[int]]) -> int:
-        """How many leading tokens come from a cache: the kept opening when every row starts
-        with it, else the rows' common opening when long enough (0: no cache)."""
-        common = _common_prefix(rows)
-        if self._prefix is not None:
-            kept = self._prefix[0]
-            if len(kept) <= common and tuple(rows[0][: len(kept)]) == kept:
-                return len(kept)
-        return common if common >= _MIN_SHARED_PREFIX and len(rows) > 1 else 0
-
-    def _prefix_cache(self, prefix: list[int], batch: int) -> Any:
-        """The keys and values of ``prefix`` for ``batch`` rows (computed on first use, then
-        kept): views of the kept tensors, not copies, which no pass writes to
-        (:func:`~conductor_pipeline.generation.kv_cache.cache_from`)."""
-        import torch
-
-        from conductor_pipeline.generation.kv_cache import cache_from
-
-        key = tuple(prefix)
-        if self._prefix is None or self._prefix[0] != key:
-            out = self._model(input_ids=torch.tensor([prefix]), use_cache=True)
-            self._prefix = (key, out.past_key_values)
-        return cache_from([(kept.keys, kept.values) for kept in self._prefix[1].layers], batch)
-
-
-# a shared opening shorter than this is not worth a separate cache
-_MIN_SHARED_PREFIX = 32
-
-
-def _common_prefix(rows: list[list[int]]) -> int:
-    """Tokens all rows start with, leaving every row at least one token of its own."""
-    n = min(len(r) for r in rows) - 1
-    k = 0
-    while k < n and all(r[k] == rows[0][k] for r in rows):
-        k += 1
-    return max(k, 0)
 
 
 class EndpointPolicy:

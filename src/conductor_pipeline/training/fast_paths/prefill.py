@@ -10,6 +10,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from conductor_pipeline.generation.kv_cache import KV, cache_from
+from conductor_pipeline.generation.local import common_prefix
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
@@ -35,16 +36,6 @@ def group_rows(prompts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[i
     for row, ids in enumerate(prompts):
         groups.setdefault(tuple(ids), []).append(row)
     return [(list(ids), rows) for ids, rows in groups.items()]
-
-
-def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    first = prompts[0]
-    length = min(len(p) for p in prompts)
-    for i in range(length):
-        token = first[i]
-        if any(p[i] != token for p in prompts):
-            return i
-    return length
 
 
 def _run_segment(
@@ -98,7 +89,7 @@ def prompt_caches(
     lengths = [len(p) - 1 for p in prompts]
     prefix = 0
     if share_prefix and len(prompts) > 1:
-        prefix = min(_common_prefix(prompts), *lengths)
+        prefix = common_prefix(prompts)  # at most every prompt's length but its last token
         prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
     first = frozen.layer if frozen is not None else 0
     backbone, _ = backbone_and_head(model)

@@ -1,6 +1,6 @@
-"""Lookup decoding: the tokens plain decoding draws, in fewer passes (one conversation:
-:func:`lookup_generate`; a padded batch, each row with its own guess, whose rows can come
-and go: :class:`BatchLookupDecoder`).
+"""The engine's decode loop for served, evaluated and asked Conductor replies: lookup decoding
+of a batch whose rows leave when they are done and which new rows can join between passes
+(:class:`BatchLookupDecoder`; one request is a batch of one row).
 
 On a CPU, a forward pass of a small model over a handful of new tokens costs little more than
 a pass over one: the weights are read from memory once either way, and that read is most of
@@ -10,12 +10,16 @@ brackets and subtask phrases recur in every reply, so a guess is the continuatio
 latest n-gram match in the reply so far, in earlier replies (``history``) or in the prompt.
 
 What does not change: each position's token is drawn exactly once, in order, from the
-model's distribution given every token before it, by the row's own sampler (the
-:class:`~conductor_pipeline.workers.local_model.RowSampler` plain decoding uses, one draw per
-position). A guess only decides how many positions one pass covers; a wrong guess costs a
-slightly larger pass and is then thrown away, cache included. The text is therefore the one
-``generate_chat`` writes for the same seed, up to the float rounding of a multi-token pass.
-In a batch a wrong guess stays in the cache, hidden by the mask instead.
+model's distribution given every token before it, by the row's own generator
+(:func:`~conductor_pipeline.generation.token_draw.draw_token`, one draw per position, as
+plain decoding and GRPO rollouts draw). A guess only decides how many positions one pass
+covers; a wrong guess costs a slightly larger pass and stays in the cache, hidden by the mask.
+The text is therefore the one plain decoding writes for the same seed, up to the float
+rounding of a multi-token pass.
+
+GRPO rollouts decode with :func:`~conductor_pipeline.training.fast_paths.decode.shared_prefill_generate`
+instead: every row of a group shares one prompt, held once, and no guess is made (a rollout
+must sample, and its prompt differs from the replies that guesses come from).
 """
 
 from __future__ import annotations
@@ -28,18 +32,11 @@ from typing import Any
 
 from conductor_pipeline.generation.attention import PackedRows, supports_packed_rows
 from conductor_pipeline.generation.kv_cache import packed_cache, stack_rows
-from conductor_pipeline.generation.token_draw import draw_token
+from conductor_pipeline.generation.token_draw import draw_token, row_generator
 
 # n-gram lengths tried for a match, longest first: a one-token match guesses too poorly to
 # be worth the larger pass
 NGRAM_SIZES = (4, 3, 2)
-
-
-@dataclass
-class LookupResult:
-    tokens: list[int]  # generated ids, the end token included when reached
-    forward_passes: int  # after the prompt's pass
-    guessed: int  # guessed tokens that were kept
 
 
 class NgramIndex:
@@ -80,77 +77,6 @@ class NgramIndex:
         return []
 
 
-def lookup_generate(
-    model: Any,
-    prompt: Sequence[int],
-    cache: Any,
-    cached: int,
-    sampler: Any,
-    max_new_tokens: int,
-    eos_token_id: int,
-    history: Sequence[Sequence[int]] = (),
-    max_guess: int = 8,
-) -> LookupResult:
-    """Generate up to ``max_new_tokens`` ids after ``prompt`` (one row).
-
-    ``cache`` is a transformers cache that already holds the first ``cached`` tokens of
-    ``prompt`` (``0`` and an empty cache are fine) and is extended in place. ``sampler`` is a
-    one-row :class:`~conductor_pipeline.workers.local_model.RowSampler`: its generator draws
-    once per position, in order, as in plain decoding. ``history``: earlier replies to guess
-    from.
-    """
-    import torch
-
-    if not 0 <= cached < len(prompt):
-        raise ValueError(f"lookup_generate: {cached} cached tokens of a {len(prompt)}-token prompt")
-    temperature, generator = sampler.temperatures[0], sampler.generators[0]
-
-    def draw(logits: Any) -> int:
-        return draw_token(logits, temperature, generator)
-
-    def forward(ids: Sequence[int], keep: int) -> Any:
-        out = model(
-            input_ids=torch.tensor([list(ids)]),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=keep,  # the last ``keep`` positions: the head is 49k wide
-        )
-        return out.logits[0]
-
-    index = NgramIndex([*history, prompt])
-    context = list(prompt)
-    with torch.inference_mode():
-        generated = [draw(forward(prompt[cached:], 1)[-1])]
-        passes = kept_guesses = 0
-        while generated[-1] != eos_token_id and len(generated) < max_new_tokens:
-            limit = min(max_guess, max_new_tokens - len(generated))
-            guess = index.guess(context + generated, limit, reply_start=len(prompt))
-            logits = forward([generated[-1], *guess], 1 + len(guess))  # newest token, guess
-            passes += 1
-            kept = 0
-            for i in range(len(guess) + 1):
-                token = draw(logits[i])
-                generated.append(token)
-                if token == eos_token_id or len(generated) >= max_new_tokens:
-                    break
-                if i == len(guess) or token != guess[i]:
-                    break
-                kept += 1
-            kept_guesses += kept
-            # the cache keeps the guesses that turned out right; the last token drawn has
-            # no entry yet (the next pass starts with it)
-            if len(guess) > kept:
-                cache.crop(-(len(guess) - kept))
-    return LookupResult(generated, passes, kept_guesses)
-
-
-@dataclass
-class BatchLookupResult:
-    tokens: list[list[int]]  # per row, the end token included when reached
-    forward_passes: int  # after the prompt's pass
-    guessed: int  # guessed tokens that were kept, all rows together
-
-
 @dataclass(eq=False)
 class _Row:
     key: Any  # the caller's name for the row
@@ -170,9 +96,7 @@ class BatchLookupDecoder:
     without pads, :class:`~conductor_pipeline.generation.attention.PackedRows`; padded
     to the longest guess when the model's attention cannot take packed rows); in the cache
     each row gets as many new columns as the longest, the mask hiding the pads. Each row
-    then draws its positions in
-    order with its own generator (a
-    :class:`~conductor_pipeline.workers.local_model.RowSampler`'s, one draw per position, as
+    then draws its positions in order with its own generator (one draw per position, as
     plain decoding) and keeps its guess while it matches. Rejected guesses and pads stay in
     the cache, hidden by the mask from then on, so a ragged batch needs no crop; positions
     follow the mask, so a row's kept tokens stay contiguous. A finished row leaves the
@@ -225,31 +149,37 @@ class BatchLookupDecoder:
         attention_mask: Any,
         cache: Any,
         shared: int,
-        sampler: Any,
+        temperature: float,
+        seeds: Sequence[int],
         max_new_tokens: int,
         keys: Sequence[Any],
         history: Sequence[Sequence[int]] = (),
     ) -> None:
         """Add the rows of a padded batch whose first ``shared`` columns are in ``cache``
-        (``None``: no cache). ``keys`` name the rows in :meth:`pop_finished`; ``sampler`` is
-        their :class:`~conductor_pipeline.workers.local_model.RowSampler`; ``history``:
+        (``None``: no cache). ``keys`` name the rows in :meth:`pop_finished`; row ``i`` draws
+        at ``temperature`` (``<= 0``: greedy) from a generator seeded with ``seeds[i]``;
+        ``history``:
         earlier replies to guess from. One pass over their prompts draws each row's first
         token. (Feeding a joining row's prompt inside the writing rows' passes instead, a few
         tokens a pass, was measured slower: the row then waits several passes for its first
         token, and every row's latency grows.)"""
         count = input_ids.shape[0]
-        if len(keys) != count:
-            raise ValueError(f"BatchLookupDecoder.join: {len(keys)} keys for {count} rows")
+        if not 0 <= shared < input_ids.shape[1]:
+            raise ValueError(
+                f"BatchLookupDecoder.join: {shared} cached columns of {input_ids.shape[1]}"
+            )
+        if not len(keys) == len(seeds) == count:
+            raise ValueError(
+                f"BatchLookupDecoder.join: {len(keys)} keys, {len(seeds)} seeds, {count} rows"
+            )
         prompts = [input_ids[i][attention_mask[i].bool()].tolist() for i in range(count)]
         # one index for the rows joining together: the shared opening once, then each row's
         # own tokens
         sources = [*history, prompts[0], *(p[shared:] for p in prompts[1:])]
         index = NgramIndex(sources if self.max_guess > 0 else [])
         rows = [
-            _Row(key, prompt, temperature, generator, max_new_tokens, index, [])
-            for key, prompt, temperature, generator in zip(
-                keys, prompts, sampler.temperatures, sampler.generators, strict=True
-            )
+            _Row(key, prompt, temperature, row_generator(seed), max_new_tokens, index, [])
+            for key, prompt, seed in zip(keys, prompts, seeds, strict=True)
         ]
         if max_new_tokens < 1:
             self._done.extend(rows)
@@ -451,33 +381,3 @@ def _stacked(top: Any, bottom: Any, width: int) -> Any:
     import torch.nn.functional as F
 
     return torch.cat([F.pad(m, (width - m.shape[1], 0)) for m in (top, bottom)])
-
-
-def lookup_decode_batch(
-    model: Any,
-    input_ids: Any,
-    attention_mask: Any,
-    cache: Any,
-    shared: int,
-    sampler: Any,
-    max_new_tokens: int,
-    eos_token_id: int,
-    pad_token_id: int,
-    history: Sequence[Sequence[int]] = (),
-    max_guess: int = 8,
-    draw_threads: Executor | None = None,
-) -> BatchLookupResult:
-    """Lookup decoding for a padded batch whose first ``shared`` columns are in ``cache``
-    (``None``: no cache), up to ``max_new_tokens`` ids per row: a
-    :class:`BatchLookupDecoder` that no row joins after the first."""
-    rows = input_ids.shape[0]
-    decoder = BatchLookupDecoder(model, eos_token_id, pad_token_id, max_guess, draw_threads)
-    decoder.join(
-        input_ids, attention_mask, cache, shared, sampler, max_new_tokens, range(rows), history
-    )
-    while decoder.rows:
-        decoder.step()
-    tokens: list[list[int]] = [[] for _ in range(rows)]
-    for row, written in decoder.pop_finished():
-        tokens[row] = written
-    return BatchLookupResult(tokens, decoder.passes, decoder.guessed)

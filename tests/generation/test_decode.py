@@ -1,10 +1,13 @@
-"""Lookup decoding: guesses change how many forward passes a reply takes, never its text."""
+"""The one decode loop (lookup decoding): guesses change how many forward passes a reply takes,
+never its text; rows join and leave a batch without changing theirs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from conductor_pipeline.workers.lookup_decoding import NgramIndex, lookup_generate
+from conductor_pipeline.generation.decode import BatchLookupDecoder, NgramIndex
 
 # -- guesses --------------------------------------------------------------------------------
 
@@ -54,22 +57,43 @@ _MESSAGES = [
 ]
 
 
-def _lookup(model, tokenizer, messages, temperature, seed, max_new_tokens, history=()):
-    from transformers import DynamicCache
+@dataclass
+class _Reply:
+    tokens: list[int]
+    forward_passes: int  # after the prompt's pass
+    guessed: int  # guessed tokens that were kept
 
-    from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+
+def _one_row(
+    model, tokenizer, ids, temperature, seed, max_new_tokens, cache=None, cached=0, history=()
+):
+    """One request: a batch of one row, as a single request is served."""
+    import torch
+
+    decoder = BatchLookupDecoder(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    with torch.inference_mode():
+        decoder.join(
+            torch.tensor([ids]),
+            torch.ones(1, len(ids), dtype=torch.long),
+            cache,
+            cached,
+            temperature,
+            [seed],
+            max_new_tokens,
+            [0],
+            history,
+        )
+        while decoder.rows:
+            decoder.step()
+    [(_, tokens)] = decoder.pop_finished()
+    return _Reply(tokens, decoder.passes, decoder.guessed)
+
+
+def _lookup(model, tokenizer, messages, temperature, seed, max_new_tokens, history=()):
+    from conductor_pipeline.workers.local_model import encode_chat
 
     ids, _ = encode_chat(tokenizer, messages)
-    return lookup_generate(
-        model,
-        ids,
-        DynamicCache(),
-        0,
-        RowSampler([temperature], [seed]),
-        max_new_tokens,
-        tokenizer.eos_token_id,
-        history=history,
-    )
+    return _one_row(model, tokenizer, ids, temperature, seed, max_new_tokens, history=history)
 
 
 @pytest.mark.parametrize(("temperature", "seed"), [(0.0, 0), (0.7, 1), (1.0, 3)])
@@ -99,31 +123,27 @@ def test_a_cached_prompt_opening_and_the_token_limit_are_honoured(smollm2):
     import torch
     from transformers import DynamicCache
 
-    from conductor_pipeline.workers.local_model import RowSampler, encode_chat, generate_chat
+    from conductor_pipeline.workers.local_model import encode_chat, generate_chat
 
     model, tokenizer = smollm2
     ids, _ = encode_chat(tokenizer, _MESSAGES)
     cache = DynamicCache()
     with torch.inference_mode():
         model(input_ids=torch.tensor([ids[:20]]), past_key_values=cache, use_cache=True)
-    result = lookup_generate(
-        model, ids, cache, 20, RowSampler([0.7], [5]), 9, tokenizer.eos_token_id
-    )
+    result = _one_row(model, tokenizer, ids, 0.7, 5, 9, cache, 20)
     text, _, completion_tokens = generate_chat(
         model, tokenizer, _MESSAGES, max_new_tokens=9, temperature=0.7, seed=5
     )
     assert len(result.tokens) == completion_tokens == 9
     assert tokenizer.decode(result.tokens, skip_special_tokens=True).strip() == text
-    with pytest.raises(ValueError, match="cached tokens"):
-        lookup_generate(model, ids, cache, len(ids), RowSampler([0.0], [0]), 4, 2)
+    with pytest.raises(ValueError, match="cached columns"):
+        _one_row(model, tokenizer, ids, 0.0, 0, 4, cache, len(ids))
 
 
 def test_the_head_projects_only_the_positions_a_draw_reads(smollm2):
     """The prompt's pass projects its last position onto the 49k-token vocabulary, not every
     prompt token; a guessing pass projects the newest token and the guess."""
-    from transformers import DynamicCache
-
-    from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+    from conductor_pipeline.workers.local_model import encode_chat
 
     model, tokenizer = smollm2
     ids, _ = encode_chat(tokenizer, _MESSAGES)
@@ -132,19 +152,12 @@ def test_the_head_projects_only_the_positions_a_draw_reads(smollm2):
         model.model.register_forward_pre_hook(
             lambda _, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
         ),
-        model.lm_head.register_forward_pre_hook(lambda _, args: projected.append(args[0].shape[1])),
+        model.lm_head.register_forward_pre_hook(
+            lambda _, args: projected.append(args[0].shape[:-1].numel())
+        ),
     ]
     try:
-        lookup_generate(
-            model,
-            ids,
-            DynamicCache(),
-            0,
-            RowSampler([0.0], [0]),
-            24,
-            tokenizer.eos_token_id,
-            history=[ids[-30:]],
-        )
+        _one_row(model, tokenizer, ids, 0.0, 0, 24, history=[ids[-30:]])
     finally:
         for hook in hooks:
             hook.remove()
@@ -245,7 +258,7 @@ def test_rows_drawing_side_by_side_write_the_texts_of_rows_drawing_in_turn(
 
     monkeypatch.setattr(local_policy, "torch_threads", 2)
     side_by_side = run()
-    assert local_policy._draw_pool is not None
+    assert local_policy._engine._draw_pool is not None
     monkeypatch.setattr(local_policy, "_draw_threads", lambda: None)
     in_turn = run()
     assert [c.text for c in side_by_side] == [c.text for c in in_turn]
@@ -260,8 +273,7 @@ def test_every_row_keeps_its_positions_in_step_with_its_visible_columns(
     and without) and after the cache was compacted."""
     import asyncio
 
-    from conductor_pipeline.workers import lookup_decoding
-    from conductor_pipeline.workers.lookup_decoding import BatchLookupDecoder
+    from conductor_pipeline.generation import decode
     from conductor_pipeline.workflow import LocalPolicy
     from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
 
@@ -270,7 +282,7 @@ def test_every_row_keeps_its_positions_in_step_with_its_visible_columns(
 
     policy = LocalPolicy(model_dir=tiny_model_dir, lookup_tokens=4)
     policy.warm_up([planning("What is 2 + 2?"), planning("Is ice cold?")])
-    monkeypatch.setattr(lookup_decoding, "_MAX_HIDDEN", 8)  # compact now and then
+    monkeypatch.setattr(decode, "_MAX_HIDDEN", 8)  # compact now and then
     step, checked = BatchLookupDecoder.step, []
 
     def checked_step(decoder: BatchLookupDecoder) -> None:
@@ -347,23 +359,23 @@ def test_packed_and_padded_passes_give_the_same_tokens(local_policy):
     writes the same tokens (and the packed pass really is the one used by default)."""
     import torch
 
-    from conductor_pipeline.workers import lookup_decoding
-    from conductor_pipeline.workers.local_model import RowSampler, encode_chat
+    from conductor_pipeline.workers.local_model import encode_chat
 
     policy = local_policy
     rows = [encode_chat(policy._tokenizer, c)[0] for c in _batch_conversations()]
 
     def decode(packed: bool) -> list[list[int]]:
-        decoder = lookup_decoding.BatchLookupDecoder(
+        decoder = BatchLookupDecoder(
             policy._model, policy._tokenizer.eos_token_id, policy._tokenizer.pad_token_id, 8
         )
         assert decoder._packed  # the real model attends with the grouped SDPA
         decoder._packed = packed
-        input_ids, attention_mask, shared = policy._padded(rows)
-        sampler = RowSampler([1.0] * len(rows), [5, 6, 7, 8, 9])
+        engine = policy._engine
+        input_ids, attention_mask, shared = engine.padded(rows)
+        seeds = [5, 6, 7, 8, 9]
         with torch.inference_mode():
-            cache = policy._prefix_cache(rows[0][:shared], len(rows)) if shared else None
-            decoder.join(input_ids, attention_mask, cache, shared, sampler, 30, range(len(rows)))
+            cache = engine.prefix_cache(rows[0][:shared], len(rows)) if shared else None
+            decoder.join(input_ids, attention_mask, cache, shared, 1.0, seeds, 30, range(len(rows)))
             while decoder.rows:
                 decoder.step()
         return [tokens for _, tokens in sorted(decoder.pop_finished())]
@@ -378,7 +390,7 @@ def test_rows_that_finish_leave_with_their_keys_values_mask_and_positions(leavin
     import torch
     from transformers import DynamicCache
 
-    from conductor_pipeline.workers.lookup_decoding import BatchLookupDecoder, _Row
+    from conductor_pipeline.generation.decode import _Row
 
     eos, rows = 2, 5
     cache = DynamicCache()

@@ -1,0 +1,208 @@
+"""A local model's generation state: what a served, evaluated or asked Conductor keeps between
+requests, on token ids (chat templates and text are the policy's,
+:class:`~conductor_pipeline.workflow.policy.LocalPolicy`).
+
+:class:`LocalEngine` holds the model, the key/value cache of the prompt opening that requests
+share (kept by :meth:`LocalEngine.keep_opening`), the recent replies that lookup decoding
+guesses from, and one lock: one generation at a time (the model is shared and CPU threads
+are few). Every request, alone, batched or joining a running batch, goes through the one
+decode loop, :class:`~conductor_pipeline.generation.decode.BatchLookupDecoder`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from conductor_pipeline.generation.decode import BatchLookupDecoder
+from conductor_pipeline.generation.kv_cache import cache_from
+
+__all__ = ["MIN_SHARED_PREFIX", "LocalEngine", "common_prefix"]
+
+# a shared opening shorter than this is not worth a separate cache
+MIN_SHARED_PREFIX = 32
+
+# a row joining a continuous batch: (the caller's handle, prompt token ids, seed)
+JoiningIds = tuple[Any, list[int], int]
+
+
+def common_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """Tokens all rows start with, leaving every row at least one token of its own."""
+    n = min(len(r) for r in rows) - 1
+    k = 0
+    while k < n and all(r[k] == rows[0][k] for r in rows):
+        k += 1
+    return max(k, 0)
+
+
+class LocalEngine:
+    """Generation for a loaded causal LM (see the module docstring). ``generate`` and
+    ``generate_continuously`` take prompts as token ids and return each row's new ids, the
+    end token included when written. Counters (observability, tests): ``prefix_hits``
+    (single requests that started from the kept opening), ``forward_passes`` (single
+    requests' passes, prompts included), ``batch_forward_passes`` (the same for batches)."""
+
+    def __init__(self, model: Any, eos_token_id: int, pad_token_id: int) -> None:
+        self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
+        self.prefix: tuple[tuple[int, ...], Any] | None = None  # (token ids, their cache)
+        self.lock = threading.Lock()
+        self.prefix_hits = self.forward_passes = self.batch_forward_passes = 0
+        # recent replies (token ids) that lookup decoding guesses from; they change how
+        # fast a reply is written; what it says only up to float rounding (docs/serving.md)
+        self.recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
+        self._draw_pool: Executor | None = None
+
+    def keep_opening(self, rows: list[list[int]]) -> int:
+        """Compute and keep the cache of the opening ``rows`` share (when long enough);
+        returns its length (0: none kept)."""
+        shared = common_prefix(rows) if len(rows) > 1 else 0
+        if shared < MIN_SHARED_PREFIX:
+            return 0
+        with self.lock, torch.inference_mode():
+            self.prefix_cache(rows[0][:shared], 1)
+        return shared
+
+    def generate(
+        self,
+        rows: list[list[int]],
+        temperature: float,
+        max_tokens: int,
+        seeds: Sequence[int],
+        max_guess: int,
+        draw_threads: Executor | None = None,
+        single: bool = False,
+    ) -> list[list[int]]:
+        """Up to ``max_tokens`` new ids per row of ``rows`` (one batch; a row draws with its
+        own generator seeded with its seed, so its ids do not depend on the batch).
+        ``single``: a single request (counted as one)."""
+        replies: list[list[int]] = [[] for _ in rows]
+
+        def done(handle: int, tokens: list[int], joined: float) -> None:
+            replies[handle] = tokens
+
+        first = [(j, ids, seed) for j, (ids, seed) in enumerate(zip(rows, seeds, strict=True))]
+        self.generate_continuously(
+            first, temperature, max_tokens, lambda _: [], done, max_guess, draw_threads, single
+        )
+        return replies
+
+    def generate_continuously(
+        self,
+        first: list[JoiningIds],
+        temperature: float,
+        max_tokens: int,
+        more: Callable[[int], list[JoiningIds]],
+        done: Callable[[Any, list[int], float], None],
+        max_guess: int,
+        draw_threads: Executor | None = None,
+        single: bool = False,
+    ) -> None:
+        """One batch that rows join (``first``, then what ``more(rows writing)`` returns
+        before each pass) and leave when done: ``done(handle, new ids, joined at)`` as soon as
+        a row has finished (``joined at``: ``time.perf_counter()`` when its row joined)."""
+        decoder = BatchLookupDecoder(
+            self.model, self.eos_token_id, self.pad_token_id, max_guess, draw_threads
+        )
+        joined_at: dict[Any, float] = {}
+        joining = list(first)
+        with self.lock, torch.inference_mode():
+            while joining or decoder.rows:
+                if joining:
+                    self._join(decoder, joining, temperature, int(max_tokens), joined_at, single)
+                if decoder.rows:
+                    decoder.step()
+                for handle, tokens in decoder.pop_finished():
+                    self.recent_replies.appendleft(tokens)
+                    done(handle, tokens, joined_at.pop(handle))
+                joining = list(more(decoder.rows))
+        passes = decoder.passes + decoder.prompt_passes
+        if single:
+            self.forward_passes += passes
+        else:
+            self.batch_forward_passes += passes
+
+    def _join(
+        self,
+        decoder: BatchLookupDecoder,
+        joining: list[JoiningIds],
+        temperature: float,
+        max_tokens: int,
+        joined_at: dict[Any, float],
+        single: bool,
+    ) -> None:
+        """Add ``joining`` to ``decoder``, their shared opening from the kept cache."""
+        now = time.perf_counter()
+        rows = [ids for _, ids, _ in joining]
+        input_ids, attention_mask, shared = self.padded(rows)
+        if single and shared:
+            self.prefix_hits += 1
+        cache = self.prefix_cache(rows[0][:shared], len(rows)) if shared else None
+        handles = [handle for handle, _, _ in joining]
+        joined_at.update((handle, now) for handle in handles)
+        decoder.join(
+            input_ids,
+            attention_mask,
+            cache,
+            shared,
+            temperature,
+            [seed for _, _, seed in joining],
+            max_tokens,
+            handles,
+            history=list(self.recent_replies),
+        )
+
+    def padded(self, rows: list[list[int]]) -> tuple[Any, Any, int]:
+        """``rows`` as one padded batch ``(input_ids, attention_mask, shared)``.
+
+        Conductor prompts share a long opening (rules, workers, examples): its keys and
+        values come from a cache (:meth:`prefix_cache`), and each row holds [shared | pads |
+        own tokens] with the mask skipping the pads (positions follow the mask, so they stay
+        contiguous)."""
+        pad = self.pad_token_id
+        shared = self.shared_prefix(rows)
+        width = max(len(r) for r in rows) - shared
+        input_ids = torch.tensor(
+            [r[:shared] + [pad] * (width - len(r) + shared) + r[shared:] for r in rows]
+        )
+        attention_mask = torch.tensor(
+            [[1] * shared + [0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows]
+        )
+        return input_ids, attention_mask, shared
+
+    def shared_prefix(self, rows: list[list[int]]) -> int:
+        """How many leading tokens come from a cache: the kept opening when every row starts
+        with it, else the rows' common opening when long enough (0: no cache)."""
+        common = common_prefix(rows)
+        if self.prefix is not None:
+            kept = self.prefix[0]
+            if len(kept) <= common and tuple(rows[0][: len(kept)]) == kept:
+                return len(kept)
+        return common if common >= MIN_SHARED_PREFIX and len(rows) > 1 else 0
+
+    def prefix_cache(self, prefix: list[int], batch: int) -> Any:
+        """The keys and values of ``prefix`` for ``batch`` rows (computed on first use, then
+        kept): views of the kept tensors, not copies, which no pass writes to
+        (:func:`~conductor_pipeline.generation.kv_cache.cache_from`)."""
+        key = tuple(prefix)
+        if self.prefix is None or self.prefix[0] != key:
+            out = self.model(input_ids=torch.tensor([prefix]), use_cache=True)
+            self.prefix = (key, out.past_key_values)
+        return cache_from([(kept.keys, kept.values) for kept in self.prefix[1].layers], batch)
+
+    def draw_pool(self, threads: int, initializer: Callable[[], None]) -> Executor | None:
+        """Threads for a batch's rows to draw their tokens side by side (None below two
+        threads). ``initializer`` runs in each: it must leave torch one thread, since an
+        OpenMP team per draw thread would slow every thread."""
+        if threads < 2:
+            return None
+        if self._draw_pool is None:
+            self._draw_pool = ThreadPoolExecutor(
+                threads, thread_name_prefix="conductor-draw", initializer=initializer
+            )
+        return self._draw_pool
