@@ -54,13 +54,14 @@ def find_project_root(start: Path | None = None) -> Path:
 
 
 @cache
-def _root_for(cwd: str) -> Path:
+def _root_for(cwd: str, root_variable: str | None) -> Path:
     return find_project_root(Path(cwd))
 
 
 def project_root() -> Path:
-    """``find_project_root()`` for the current working directory, memoised per directory."""
-    return _root_for(os.getcwd())
+    """``find_project_root()`` for the current working directory, memoised per directory and
+    value of ``CONDUCTOR_PROJECT_ROOT`` (a root set for a while must not outlive its setting)."""
+    return _root_for(os.getcwd(), os.environ.get("CONDUCTOR_PROJECT_ROOT"))
 
 
 def mlflow_tracking_uri(root: Path | None = None) -> str:
