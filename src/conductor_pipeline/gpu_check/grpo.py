@@ -233,7 +233,7 @@ def run_trl_grpo(
         def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
             if phases["fresh"]:
                 phases["fresh"] = False
-                torch.cuda.synchronize()
+                synchronize(device)
                 phases["generation"].append(device_peak_gib())
                 torch.cuda.empty_cache()  # generation's cached blocks: vLLM's to hold
                 torch.cuda.reset_peak_memory_stats()
