@@ -280,7 +280,7 @@ def test_every_row_keeps_its_positions_in_step_with_its_visible_columns(
     from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
 
     def planning(question: str) -> list[dict[str, str]]:
-        return conductor_messages(question, ["a", "b", "c"], PromptConfig())
+        return conductor_messages(question, ["a", "b", "c"], PromptConfig(few_shot=[]))
 
     policy = LocalPolicy(model_dir=tiny_model_dir, lookup_tokens=4)
     policy.warm_up([planning("What is 2 + 2?"), planning("Is ice cold?")])

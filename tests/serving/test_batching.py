@@ -333,7 +333,7 @@ def test_real_policy_concurrent_requests_write_their_sequential_texts(smollm2):
     from conductor_pipeline.workflow.prompts import PromptConfig, conductor_messages
 
     def planning(question: str) -> list[dict[str, str]]:
-        return conductor_messages(question, ["a", "b", "c"], PromptConfig())
+        return conductor_messages(question, ["a", "b", "c"], PromptConfig(few_shot=[]))
 
     questions = [
         "Compute the sum of 1234 and 4321.",
@@ -772,7 +772,7 @@ def test_a_bfloat16_policy_runs_in_bfloat16_and_batches_requests():
     assert policy.loaded_dtype == "bfloat16"
     assert {p.dtype for p in policy._model.parameters()} == {torch.bfloat16}
     questions = ["Compute the sum of 1234 and 4321.", "What is the capital of France?"]
-    chats = [conductor_messages(q, ["a", "b", "c"], PromptConfig()) for q in questions]
+    chats = [conductor_messages(q, ["a", "b", "c"], PromptConfig(few_shot=[])) for q in questions]
     alone = asyncio.run(policy.complete(chats[0], temperature=0.7, max_tokens=12, seed=3))
     again = asyncio.run(policy.complete(chats[0], temperature=0.7, max_tokens=12, seed=3))
     assert alone.text == again.text and alone.completion_tokens > 0  # a seed still decides

@@ -75,7 +75,7 @@ def smollm2() -> LocalPolicy:
 
 
 def _planning(question: str) -> list[dict[str, str]]:
-    return conductor_messages(question, ["a", "b", "c"], PromptConfig())
+    return conductor_messages(question, ["a", "b", "c"], PromptConfig(few_shot=[]))
 
 
 def test_single_requests_reuse_the_warm_prefix_and_write_the_same_text(smollm2):
