@@ -199,3 +199,22 @@ def test_the_import_reader_sees_function_level_and_relative_imports(tmp_path):
         ("kedro", True),
         ("mlflow", False),
     ]
+
+
+def test_registering_the_pipelines_loads_no_model_library():
+    """Every `kedro run` registers the pipelines before its first node: the model libraries
+    (7 s of imports) load inside the nodes that use them, so a run that cannot start says so
+    in seconds."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "transformers", "peft", "trl", "litellm")
+    code = (
+        "import sys\n"
+        "from conductor_pipeline.pipeline_registry import register_pipelines\n"
+        "register_pipelines()\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

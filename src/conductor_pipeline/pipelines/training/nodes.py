@@ -35,7 +35,6 @@ from conductor_pipeline.stage_process import run_in_own_process
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.tasks.frames import tasks_from_frame
 from conductor_pipeline.training.configs import TrainingConfig
-from conductor_pipeline.training.grpo import train_conductor
 from conductor_pipeline.training.inputs import PoolInfo
 from conductor_pipeline.workers.config import WorkerConfigError
 from conductor_pipeline.workers.runtime import open_worker_pool
@@ -172,6 +171,10 @@ def _train(
     log_metrics: Callable[[dict[str, float], int], None],
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
     """The training work: adapter info, GRPO history rows, SFT history rows."""
+    # imported here, not at the top: it pulls in torch, transformers, peft and TRL (7 s),
+    # which every `kedro run` would pay while it registers the pipelines
+    from conductor_pipeline.training.grpo import train_conductor
+
     try:
         # the configured pool; the sandbox server is started when the pool is the sandbox
         with open_worker_pool(worker_pool_config, worker_credentials, root=project_root()) as pool:
