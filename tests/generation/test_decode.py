@@ -206,7 +206,9 @@ def _batch_conversations() -> list[list[dict[str, str]]]:
     ]
     # planning prompts without the few-shot examples: 217 tokens instead of 1,127, a fifth
     # of the prefill, and still replies that copy from their prompt (what guesses feed on)
-    planning = [conductor_messages(q, ["a", "b", "c"], PromptConfig(few_shot=[])) for q in questions]
+    planning = [
+        conductor_messages(q, ["a", "b", "c"], PromptConfig(few_shot=[])) for q in questions
+    ]
     # a row whose reply repeats itself (well guessed) and one that ends early
     return [*planning, _MESSAGES, [{"role": "user", "content": "Say OK."}]]
 
