@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -116,7 +117,11 @@ class RealWorkers:
                 if not batch:
                     continue
             started = time.perf_counter()
-            faulthandler.dump_traceback_later(self.slow_batch_s)
+            # a timer of this batch's own: faulthandler's dump_traceback_later is one timer
+            # per process, which any other batcher's end would cancel
+            watchdog = threading.Timer(self.slow_batch_s, _dump_stacks, (len(batch),))
+            watchdog.daemon = True
+            watchdog.start()
             try:
                 replies = generate_chat_batch(
                     self.model,
@@ -132,7 +137,7 @@ class RealWorkers:
                     future.set_exception(exc)
                 continue
             finally:
-                faulthandler.cancel_dump_traceback_later()
+                watchdog.cancel()
             self.batch_sizes.append(len(batch))
             seconds = time.perf_counter() - started
             if seconds > self.slow_batch_s:
@@ -176,3 +181,10 @@ class RealWorkers:
 
 def _prompt_chars(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content") or "")) for m in messages)
+
+
+def _dump_stacks(rows: int) -> None:
+    """Every thread's stack on stderr: where a batch that outlived its callers is stuck."""
+    sys.stderr.write(f"sandbox: a SmolLM2 batch of {rows} outlived its callers' timeout\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
