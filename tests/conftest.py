@@ -18,6 +18,12 @@ os.environ.setdefault(
     str(Path(__file__).resolve().parents[1] / "data" / "06_models" / "smollm2-135m-instruct"),
 )
 
+# Two test processes share the machine's cores (make test: pytest -n 2), and each test's
+# subprocesses (kedro runs, servers) run beside them: torch's default, one OpenMP thread per
+# core in every process, oversubscribes the cores, and OpenMP's spinning threads burn what
+# the other processes need. Tests that need more threads set their own count.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import sys  # noqa: E402
 
