@@ -71,8 +71,8 @@ mlflow: $(STAMP) ## The MLflow UI for the project's store on 127.0.0.1:5000 (Ctr
 	$(BIN)/python -m conductor_pipeline.mlflow_ui $(ARGS)
 
 # Two test processes (pytest-xdist): many tests wait on servers and subprocesses. Each runs
-# torch on one OpenMP thread and the slow end-to-end tests go first (tests/conftest.py);
-# figures in docs/measurements.md. TEST_WORKERS=0: one process.
+# torch on one OpenMP thread (tests/conftest.py); figures in docs/measurements.md.
+# TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) ## The whole test suite (two processes; TEST_WORKERS=0 for one)

@@ -30,12 +30,6 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slow end-to-end tests first (in their collected order): minutes long each, started
-    last they leave one test process running alone at the end of `make test`."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(autouse=True)
 def isolated_mlflow_store(tmp_path_factory, monkeypatch):
     """Each test that touches MLflow without choosing a store gets a throw-away one."""
