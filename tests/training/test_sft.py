@@ -87,14 +87,18 @@ def test_sft_examples_are_planner_replies_to_the_training_prompt():
 
 
 @pytest.mark.parametrize(
-    ("scheduler", "decays"), [("linear", True), ("constant_with_warmup", False)]
+    ("scheduler", "decays", "grouped", "sampling"),
+    [
+        ("linear", True, True, "group_by_length"),
+        ("constant_with_warmup", False, False, "random"),
+    ],
 )
-def test_sft_follows_the_configured_schedule_over_shuffled_examples(
-    tiny_model_dir, tmp_path, monkeypatch, scheduler, decays
+def test_sft_follows_the_configured_schedule_and_batching(
+    tiny_model_dir, tmp_path, monkeypatch, scheduler, decays, grouped, sampling
 ):
     """A real SFT run on the tiny model: the learning rate follows ``sft.lr_scheduler_type``
-    and the examples are drawn in random order, not grouped by length (grouping let the
-    last long questions decide the warm start's shapes)."""
+    and the batches are grouped by length or drawn in random order as
+    ``sft.grouped_batches`` says."""
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -123,6 +127,7 @@ def test_sft_follows_the_configured_schedule_over_shuffled_examples(
                 "batch_size": 2,
                 "learning_rate": 1e-3,
                 "lr_scheduler_type": scheduler,
+                "grouped_batches": grouped,
                 "max_length": 512,
             },
             "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
@@ -143,7 +148,7 @@ def test_sft_follows_the_configured_schedule_over_shuffled_examples(
         show_progress=False,
     )
 
-    assert built and built[0]["train_sampling_strategy"] == "random"
+    assert built and built[0]["train_sampling_strategy"] == sampling
     rates = [h["learning_rate"] for h in result.history]
     assert len(rates) == 6
     after_warmup = rates[2:]

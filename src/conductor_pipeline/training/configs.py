@@ -231,7 +231,10 @@ class SFTSettings:
     older rule, kept for comparison only: the solver is ``domain_workers[task.domain]``
     (``default_worker`` for other domains) and checks go to ``verifier_worker``; names
     missing from the pool fall back to worker 0. ``lr_scheduler_type`` is a transformers
-    scheduler name; the examples are drawn in random order.
+    scheduler name. ``grouped_batches``: batches of examples of similar length (in random
+    order among themselves), padding a fifth fewer tokens than plain random batches; at a
+    constant rate the last grouped batches decided which shapes the warm start wrote, so
+    keep it with a decaying schedule.
     """
 
     enabled: bool = True
@@ -240,6 +243,7 @@ class SFTSettings:
     batch_size: int = 4
     learning_rate: float = 2e-3
     lr_scheduler_type: str = "linear"
+    grouped_batches: bool = True
     max_length: int = 1280
     routing: str = "random"
     shapes: Mapping[str, float] = field(
