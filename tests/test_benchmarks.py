@@ -28,11 +28,25 @@ def test_quick_benchmarks_write_their_figures(tmp_path):
         text=True,
         timeout=300,
     )
-    results = json.loads(output.read_text())["results"]
+    report = json.loads(output.read_text())
+    assert set(report["machine"]) >= {"cpu_count", "cpu_model", "cpu_extensions"}
+    results = report["results"]
     rewards = results["rewards"]
     assert rewards["rollouts"] == 64 and rewards["worker_calls_per_pass"] == 96
     assert rewards["cold_cache_rollouts_per_s"] > 0 and rewards["warm_cache_rollouts_per_s"] > 0
     assert results["executor"]["overhead_per_step_ms"] > 0
+
+
+def test_the_cpu_description_names_the_model_and_its_matrix_extensions(tmp_path):
+    from conductor_pipeline.benchmarks.__main__ import cpu_description
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n"
+    )
+    assert cpu_description(cpuinfo) == {"cpu_model": "AMD EPYC", "cpu_extensions": ["avx2"]}
+    assert cpu_description(tmp_path / "missing")["cpu_extensions"] == []
 
 
 @pytest.mark.slow

@@ -19,6 +19,29 @@ from conductor_pipeline.benchmarks import (  # noqa: F401  (importing a suite re
 )
 from conductor_pipeline.paths import project_root
 
+# instruction-set extensions that change how fast a small model runs on the CPU: two 2-core
+# machines, one with AMX (bfloat16 matrix tiles) and one with AVX2 only, differ severalfold
+_MATRIX_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, object]:
+    """The CPU's model name and which of ``_MATRIX_EXTENSIONS`` it has (empty where
+    ``cpuinfo`` cannot be read: not Linux)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return {"cpu_model": platform.processor() or None, "cpu_extensions": []}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    return {
+        "cpu_model": fields.get("model name"),
+        "cpu_extensions": [name for name in _MATRIX_EXTENSIONS if name in flags],
+    }
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -54,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        **cpu_description(),
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=2, default=str))
