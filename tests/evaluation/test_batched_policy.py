@@ -115,11 +115,7 @@ def test_the_kept_opening_is_never_written_to(tiny_model_dir):
     import torch
 
     def kept_tensors() -> list:
-        return [
-            t.clone()
-            for layer in policy._engine.prefix[1].layers
-            for t in (layer.keys, layer.values)
-        ]
+        return [t.clone() for kv in policy._engine.prefix[1] for t in kv]
 
     async def go():
         await policy.complete_many(SHARED, temperature=1.0, max_tokens=12, seeds=[1, 2, 3])
@@ -135,3 +131,39 @@ def test_the_kept_opening_is_never_written_to(tiny_model_dir):
     assert policy.prefix_hits == 3
     after = kept_tensors()
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_rows_that_share_part_of_the_kept_opening_start_from_its_first_columns(tiny_model_dir):
+    """A kept opening that ran into the first batch's questions ("Question: What is") still
+    serves rows that share only the template's part of it: they start from its first columns
+    (no prompt pass over the opening, the kept opening unchanged) and write what a policy
+    without a kept opening writes."""
+    question = [
+        [
+            {"role": "system", "content": OPENING},
+            {"role": "user", "content": f"Question: What is {q}?"},
+        ]
+        for q in ("2 + 2", "the capital of France")
+    ]
+    other = [{"role": "system", "content": OPENING}, {"role": "user", "content": "Name a prime."}]
+    policy = LocalPolicy(model_dir=tiny_model_dir)
+    fresh = LocalPolicy(model_dir=tiny_model_dir)
+
+    async def go():
+        await policy.complete_many(question, temperature=1.0, max_tokens=6, seeds=[1, 2])
+        kept = policy._engine.prefix[0]
+        hits = policy.prefix_hits
+        reply = await policy.complete(other, temperature=1.0, max_tokens=6, seed=3)
+        alone = await fresh.complete(other, temperature=1.0, max_tokens=6, seed=3)
+        return kept, hits, reply, alone
+
+    from transformers import AutoTokenizer
+
+    from conductor_pipeline.workers.local_model import encode_chat
+
+    kept, hits, reply, alone = asyncio.run(go())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [encode_chat(tokenizer, m)[0] for m in (*question, other)]
+    assert rows[0][: len(kept)] == list(kept) and rows[2][: len(kept)] != list(kept)
+    assert policy._engine.prefix[0] == kept and policy.prefix_hits == hits + 1
+    assert reply.text == alone.text

@@ -36,6 +36,25 @@ def test_no_match_or_a_too_short_context_guesses_nothing() -> None:
     assert NgramIndex([[1, 2]]).guess([0, 1, 2], limit=4) == []
 
 
+# -- prompt passes -------------------------------------------------------------------------
+
+
+def test_prompts_join_in_groups_of_similar_length() -> None:
+    from conductor_pipeline.generation.local import length_groups
+
+    # eight sandbox prompts of 173-363 tokens: four passes, none padding a tenth of its tokens
+    lengths = [221, 237, 175, 304, 363, 307, 173, 298]
+    groups = length_groups(lengths)
+    assert groups == [[6, 2], [0, 1], [7, 3, 5], [4]]
+    assert sorted(i for g in groups for i in g) == list(range(8))
+    for group in groups:
+        tokens = sum(lengths[i] for i in group)
+        assert max(lengths[i] for i in group) * len(group) - tokens <= 0.1 * tokens
+    # a few pads cost less than a pass of their own
+    assert length_groups([20, 40, 30]) == [[0, 2, 1]]
+    assert length_groups([]) == [] and length_groups([5]) == [[0]]
+
+
 # -- the same text as plain decoding, with the real SmolLM2 ---------------------------------
 
 
@@ -89,6 +108,27 @@ def _one_row(
     return _Reply(tokens, decoder.passes, decoder.guessed)
 
 
+def _plain(model, tokenizer, messages, temperature, seed, max_new_tokens):
+    """Plain decoding, the reference: one token a pass through transformers' own model and
+    cache (no guesses, no engine), drawn with the engine's draw from the row's generator."""
+    import torch
+    from transformers import DynamicCache
+
+    from conductor_pipeline.generation.token_draw import draw_token, row_generator
+    from conductor_pipeline.workers.local_model import encode_chat
+
+    ids, _ = encode_chat(tokenizer, messages)
+    generator, tokens, cache, fed = row_generator(seed), [], DynamicCache(), ids
+    with torch.inference_mode():
+        while len(tokens) < max_new_tokens:
+            out = model(input_ids=torch.tensor([fed]), past_key_values=cache, use_cache=True)
+            tokens.append(draw_token(out.logits[0, -1], temperature, generator))
+            if tokens[-1] == tokenizer.eos_token_id:
+                break
+            fed = tokens[-1:]
+    return tokenizer.decode(tokens, skip_special_tokens=True).strip(), len(tokens)
+
+
 def _lookup(model, tokenizer, messages, temperature, seed, max_new_tokens, history=()):
     from conductor_pipeline.workers.local_model import encode_chat
 
@@ -98,12 +138,8 @@ def _lookup(model, tokenizer, messages, temperature, seed, max_new_tokens, histo
 
 @pytest.mark.parametrize(("temperature", "seed"), [(0.0, 0), (0.7, 1), (1.0, 3)])
 def test_lookup_decoding_writes_the_text_plain_decoding_writes(smollm2, temperature, seed):
-    from conductor_pipeline.workers.local_model import generate_chat
-
     model, tokenizer = smollm2
-    text, _, completion_tokens = generate_chat(
-        model, tokenizer, _MESSAGES, max_new_tokens=48, temperature=temperature, seed=seed
-    )
+    text, completion_tokens = _plain(model, tokenizer, _MESSAGES, temperature, seed, 48)
     result = _lookup(model, tokenizer, _MESSAGES, temperature, seed, 48)
     assert tokenizer.decode(result.tokens, skip_special_tokens=True).strip() == text
     assert len(result.tokens) == completion_tokens
@@ -123,7 +159,7 @@ def test_a_cached_prompt_opening_and_the_token_limit_are_honoured(smollm2):
     import torch
     from transformers import DynamicCache
 
-    from conductor_pipeline.workers.local_model import encode_chat, generate_chat
+    from conductor_pipeline.workers.local_model import encode_chat
 
     model, tokenizer = smollm2
     ids, _ = encode_chat(tokenizer, _MESSAGES)
@@ -131,9 +167,7 @@ def test_a_cached_prompt_opening_and_the_token_limit_are_honoured(smollm2):
     with torch.inference_mode():
         model(input_ids=torch.tensor([ids[:20]]), past_key_values=cache, use_cache=True)
     result = _one_row(model, tokenizer, ids, 0.7, 5, 9, cache, 20)
-    text, _, completion_tokens = generate_chat(
-        model, tokenizer, _MESSAGES, max_new_tokens=9, temperature=0.7, seed=5
-    )
+    text, completion_tokens = _plain(model, tokenizer, _MESSAGES, 0.7, 5, 9)
     assert len(result.tokens) == completion_tokens == 9
     assert tokenizer.decode(result.tokens, skip_special_tokens=True).strip() == text
     with pytest.raises(ValueError, match="cached columns"):
@@ -213,6 +247,16 @@ def _batch_conversations() -> list[list[dict[str, str]]]:
     return [*planning, _MESSAGES, [{"role": "user", "content": "Say OK."}]]
 
 
+def _prompt_groups(policy, conversations) -> list[list[int]]:
+    """The groups of similar length in which the engine passes over these prompts."""
+    from conductor_pipeline.generation.local import length_groups
+    from conductor_pipeline.workers.local_model import encode_chat
+
+    rows = [encode_chat(policy._tokenizer, c)[0] for c in conversations]
+    opening = policy._engine.shared_prefix(rows)
+    return length_groups([len(r) - opening for r in rows])
+
+
 # greedy, and sampling at full temperature (where guesses are refused most often)
 @pytest.mark.parametrize(("temperature", "seeds"), [(0.0, [0] * 5), (1.0, [21, 22, 23, 24, 25])])
 def test_batches_with_guesses_write_the_texts_of_plain_batches(local_policy, temperature, seeds):
@@ -239,8 +283,9 @@ def test_batches_with_guesses_write_the_texts_of_plain_batches(local_policy, tem
     assert [c.completion_tokens for c in guessed] == [c.completion_tokens for c in plain]
     lengths = [c.completion_tokens for c in plain]
     assert len(set(lengths)) > 1 and max(lengths) == 40  # rows of different lengths, one cut
-    # without guesses: the prompts' pass, then one pass per token of the longest row
-    assert plain_passes == max(lengths)
+    # without guesses: a pass per group of prompts of similar length (each draws its rows'
+    # first tokens), then one pass per further token of the longest row
+    assert plain_passes == len(_prompt_groups(local_policy, conversations)) + max(lengths) - 1
     assert guessed_passes < plain_passes
 
 
@@ -352,8 +397,10 @@ def test_a_batch_pass_feeds_and_projects_only_the_tokens_its_rows_were_fed(local
     assert len(projected) == len(passes) and all(dims == 2 for dims, _ in projected)
     prompts = [(p, n) for p, (_, n) in zip(passes, projected, strict=True) if p[1] is None]
     steps = [(p, n) for p, (_, n) in zip(passes, projected, strict=True) if p[1] is not None]
-    # the prompts' pass projects each row's last position, as one matrix (rows x hidden)
-    assert [n for _, n in prompts] == [len(_batch_conversations())]
+    # each prompt pass (one per group of similar length) projects its rows' last positions,
+    # as one matrix (rows x hidden)
+    groups = _prompt_groups(policy, _batch_conversations())
+    assert sorted(n for _, n in prompts) == sorted(len(g) for g in groups)
     assert steps and all(fed == n for (fed, _), n in steps)
     assert any(fed < padded for (fed, padded), _ in steps)  # rows fed different lengths
 

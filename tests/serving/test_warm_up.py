@@ -83,8 +83,9 @@ def test_single_requests_reuse_the_warm_prefix_and_write_the_same_text(smollm2):
 
     questions = ["Compute the sum of 1234 and 4321.", "Are all cats mammals? Yes or No."]
     before = {
+        # plain decoding (one token a pass), without the kept opening
         (q, seed): generate_chat(
-            smollm2._model, smollm2._tokenizer, _planning(q), 24, temperature=0.7, seed=seed
+            smollm2._model, smollm2._tokenizer, _planning(q), 24, 0.7, seed, max_guess=0
         )
         for q, seed in zip(questions, (0, 1), strict=True)
     }
@@ -109,6 +110,6 @@ def test_single_requests_reuse_the_warm_prefix_and_write_the_same_text(smollm2):
     assert smollm2.prefix_hits == len(before)
     # a prompt that does not start with the cached opening takes the full path
     other = [{"role": "user", "content": "Say hi."}]
-    reference = generate_chat(smollm2._model, smollm2._tokenizer, other, 8, seed=3)
+    reference = generate_chat(smollm2._model, smollm2._tokenizer, other, 8, seed=3, max_guess=0)
     got = asyncio.run(smollm2.complete(other, temperature=0.0, max_tokens=8, seed=3))
     assert got.text == reference[0] and smollm2.prefix_hits == len(before)

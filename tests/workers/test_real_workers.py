@@ -31,7 +31,7 @@ class HeldGenerator:
         self.release = threading.Event()
         self.batches: list[list[str]] = []
 
-    def __call__(self, model, tokenizer, chats, limits, temperatures, seeds):
+    def __call__(self, model, tokenizer, chats, limits, temperatures, seeds, engine=None):
         self.batches.append([chat[-1]["content"] for chat in chats])
         if len(self.batches) == 1:
             assert self.release.wait(30), "the test never released the first batch"

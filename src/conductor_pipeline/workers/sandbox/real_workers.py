@@ -23,16 +23,18 @@ class RealWorkers:
     """Loads SmolLM2 in a background thread and answers its requests in batches.
 
     Requests that arrive while a batch is generating wait for the next one (at most
-    ``max_batch`` rows), so concurrent callers share the model's forward passes: on two CPU
-    cores a batch of 8 replies costs about as much as 2-3 single ones. Each row keeps its own
-    seed, temperature and token limit (``generate_chat_batch``).
+    ``max_batch`` rows), so concurrent callers share the model's forward passes: on one CPU
+    core a batch of 8 replies of 32 tokens costs about as much as 3 single ones. Each row
+    keeps its own seed, temperature and token limit (``generate_chat_batch``, through the
+    generation engine, whose earlier replies this batcher keeps for its guesses).
 
-    Rows are padded to the batch's longest prompt, so a batch also holds at most
-    ``max_batch_chars`` of padded prompt (rows times the longest prompt's characters); the
-    oldest request always goes into the next batch, the others wait if they would overflow it.
-    Without that bound, one 2,800-token aggregation prompt padded seven short ones to its
-    length: the batch took 135 s under make run's load, past every caller's 120 s timeout, and
-    their retries formed the same batch again, and again.
+    A batch also holds at most ``max_batch_chars`` of prompt counted as if every row were as
+    long as its longest (rows times the longest prompt's characters); the oldest request
+    always goes into the next batch, the others wait if they would overflow it. Before the
+    engine passed over prompts in groups of similar length, one 2,800-token aggregation
+    prompt padded seven short ones to its length: the batch took 135 s under make run's load,
+    past every caller's 120 s timeout, and their retries formed the same batch again, and
+    again. The bound stays: a batch's rows still decode together until the last is done.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class RealWorkers:
         self.max_batch_chars = max_batch_chars
         self.model: Any = None
         self.tokenizer: Any = None
+        self.engine: Any = None  # the generation engine on the loaded model
         self.error: str | None = None
         self.ready = threading.Event()
         self.load_seconds: float | None = None
@@ -76,12 +79,14 @@ class RealWorkers:
             self._thread.start()
 
     def _load(self) -> None:
+        from conductor_pipeline.generation.local import LocalEngine
         from conductor_pipeline.workers.local_model import load_smollm2
 
         started = time.perf_counter()
         try:
             self._set_threads()
             self.model, self.tokenizer = load_smollm2(self.cache_dir)
+            self.engine = LocalEngine.for_tokenizer(self.model, self.tokenizer)
             self.load_seconds = time.perf_counter() - started
             log.info("sandbox: SmolLM2 loaded in %.1f s", self.load_seconds)
         except Exception as exc:  # reported through /health
@@ -130,6 +135,7 @@ class RealWorkers:
                     [b[1] for b in batch],
                     [b[2] for b in batch],
                     [b[3] for b in batch],
+                    engine=self.engine,
                 )
             except Exception as exc:  # each waiting request gets the error, the loop goes on
                 log.exception("sandbox: SmolLM2 generation failed for a batch of %d", len(batch))
