@@ -218,6 +218,22 @@ def test_a_local_policy_answers_single_requests_as_its_batches_do_and_learns_to_
         LocalPolicy(lookup_tokens=-1)
 
 
+@pytest.mark.parametrize(("dtype", "kept"), [("float32", 1), ("bfloat16", 0)])
+def test_only_a_float32_model_guesses_from_other_requests_replies(tiny_model_dir, dtype, kept):
+    """In bfloat16 a pass that checks guesses rounds differently from one-token passes often
+    enough to change a sampled token: guesses drawn from earlier replies would make a
+    request's text depend on the requests before it."""
+    import asyncio
+
+    from conductor_pipeline.workflow.policy import LocalPolicy
+
+    policy = LocalPolicy(model_dir=tiny_model_dir, torch_threads=1, dtype=dtype)
+    first = asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
+    again = asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
+    assert first.text == again.text
+    assert len(policy._engine.recent_replies) == 2 * kept
+
+
 # -- batches --------------------------------------------------------------------------------
 
 

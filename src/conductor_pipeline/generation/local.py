@@ -79,9 +79,15 @@ class LocalEngine:
         self.prefix: tuple[tuple[int, ...], list[tuple[Any, Any]]] | None = None
         self.lock = threading.Lock()
         self.prefix_hits = self.forward_passes = self.batch_forward_passes = 0
-        # recent replies (token ids) that lookup decoding guesses from; they change how
-        # fast a reply is written; what it says only up to float rounding (docs/serving.md)
-        self.recent_replies: collections.deque[list[int]] = collections.deque(maxlen=32)
+        # recent replies (token ids) that lookup decoding guesses from. They change how fast
+        # a reply is written, and what it says only up to rounding: rarely a token in
+        # float32, often one in bfloat16 (a 12-token reply changed on an AVX512-BF16 CPU).
+        # So a reduced-precision model guesses from its request's own tokens only: a request
+        # then writes the same text whatever came before it (docs/serving.md, "Precision").
+        reduced = getattr(model, "dtype", torch.float32) != torch.float32
+        self.recent_replies: collections.deque[list[int]] = collections.deque(
+            maxlen=0 if reduced else 32
+        )
         self._draw_pool: Executor | None = None
 
     @classmethod
