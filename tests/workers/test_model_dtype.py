@@ -42,3 +42,31 @@ def test_without_torchs_cpu_report_auto_is_float32(monkeypatch):
     monkeypatch.delattr(torch._C._cpu, "_get_cpu_capability", raising=False)
     assert native_bfloat16() is False
     assert model_dtype("auto") is torch.float32
+
+
+
+def test_a_real_sandbox_worker_names_its_precision_and_shares_one_model():
+    import yaml
+
+    from conductor_pipeline.workers.sandbox.profiles import (
+        ProfileError,
+        default_profiles_path,
+        parse_profiles,
+    )
+    from conductor_pipeline.workers.sandbox.real_workers import RealWorkers
+
+    data = yaml.safe_load(default_profiles_path().read_text())
+    [real] = data["real"]
+    assert real["dtype"] == "auto"  # conf/base: bfloat16 only where the CPU has it
+    assert parse_profiles({**data, "real": [{**real, "dtype": "bfloat16"}]}).real[0].dtype == (
+        "bfloat16"
+    )
+    without = {k: v for k, v in real.items() if k != "dtype"}
+    assert parse_profiles({**data, "real": [without]}).real[0].dtype == "float32"
+    with pytest.raises(ProfileError, match=r"real\[0\]\.dtype: must be one of"):
+        parse_profiles({**data, "real": [{**real, "dtype": "half"}]})
+    two = parse_profiles(
+        {**data, "real": [{**real, "dtype": "float32"}, {**real, "name": "other", "dtype": "auto"}]}
+    ).real
+    with pytest.raises(ValueError, match="share one model"):
+        RealWorkers(two, None, None)

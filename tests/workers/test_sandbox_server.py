@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from conductor_pipeline.tasks.types import Task
+from conductor_pipeline.workers.local_model import native_bfloat16
 from conductor_pipeline.workers.sandbox import SandboxServer, SandboxStartError, load_profiles
 from conductor_pipeline.workers.sandbox.profiles import default_profiles_path
 
@@ -75,6 +76,9 @@ def test_health_and_models(sandbox):
     health = httpx.get(f"{sandbox.url}/health", timeout=5)
     assert health.status_code == 200
     assert health.json()["status"] == "ok" and health.json()["real_model_loaded"] is True
+    # conf/base's real worker: dtype auto
+    native = "bfloat16" if native_bfloat16() else "float32"
+    assert health.json()["real_model_dtype"] == native
     models = httpx.get(f"{sandbox.base_url}/models", timeout=5).json()
     owners = {m["id"]: m["owned_by"] for m in models["data"]}
     assert set(owners) == set(PROFILES.names)

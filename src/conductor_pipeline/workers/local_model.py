@@ -132,17 +132,17 @@ def ensure_smollm2_cache(cache_dir: Path | None = None) -> Path:
     return target
 
 
-def load_smollm2(cache_dir: Path | None = None) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for SmolLM2-135M-Instruct in float32, eval mode, on CPU.
+def load_smollm2(cache_dir: Path | None = None, dtype: str = "float32") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for SmolLM2-135M-Instruct in ``dtype`` (:func:`model_dtype`),
+    eval mode, on CPU.
 
     The first call converts the GGUF into ``cache_dir`` (~20 s); later calls load from it.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = ensure_smollm2_cache(cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=model_dtype(dtype))
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -121,6 +121,7 @@ async def health(request: Request) -> JSONResponse:
             "workers": state.profiles.names,
             "tasks": len(state.index),
             "real_model_loaded": real.model is not None,
+            "real_model_dtype": real.loaded_dtype,
             # generate calls of the real model and the largest batch one of them served
             "real_model_batches": len(real.batch_sizes),
             "real_model_max_batch": max(real.batch_sizes, default=0),

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from conductor_pipeline.config_checks import check_int, check_keys
+from conductor_pipeline.workers.local_model import MODEL_DTYPES
 
 SIM_PREFIX = "sim-"
 DEFAULT_DOMAIN = "default"
@@ -81,6 +82,7 @@ class RealProfile:
     model: str = "smollm2-135m-instruct"
     max_tokens: int = 96
     timeout_s: float = 120.0
+    dtype: str = "float32"  # float32, bfloat16 or auto (workers.local_model.model_dtype)
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ def _real(data: Any, where: str) -> RealProfile:
         data,
         where,
         required={"name", "description", "input_cost_per_token", "output_cost_per_token"},
-        optional={"model", "max_tokens", "timeout_s"},
+        optional={"model", "max_tokens", "timeout_s", "dtype"},
     )
     name = _name(data["name"], f"{where}.name")
     if name.startswith(SIM_PREFIX):
@@ -228,6 +230,9 @@ def _real(data: Any, where: str) -> RealProfile:
         raise ProfileError(f"{where}.model: only 'smollm2-135m-instruct' is available offline")
     max_tokens = data.get("max_tokens", 96)
     check_int(max_tokens, f"{where}.max_tokens", minimum=1, error=ProfileError)
+    dtype = data.get("dtype", "float32")
+    if dtype not in MODEL_DTYPES:
+        raise ProfileError(f"{where}.dtype: must be one of {MODEL_DTYPES}, got {dtype!r}")
     return RealProfile(
         name=name,
         description=_text(data["description"], f"{where}.description"),
@@ -238,6 +243,7 @@ def _real(data: Any, where: str) -> RealProfile:
         model=model,
         max_tokens=max_tokens,
         timeout_s=_number(data.get("timeout_s", 120.0), f"{where}.timeout_s", low=0.001),
+        dtype=dtype,
     )
 
 

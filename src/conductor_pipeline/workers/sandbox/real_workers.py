@@ -49,6 +49,11 @@ class RealWorkers:
             raise ValueError("max_batch must be >= 1")
         if max_batch_chars < 1:
             raise ValueError("max_batch_chars must be >= 1")
+        dtypes = {p.dtype for p in profiles}
+        if len(dtypes) > 1:  # one model answers for every real profile
+            raise ValueError(f"the real workers share one model: give them one dtype, not {dtypes}")
+        self.dtype = dtypes.pop() if dtypes else "float32"
+        self.loaded_dtype: str | None = None
         self.profiles = {p.name: p for p in profiles}
         # a batch that outlives its callers' timeout is a problem, not load: every caller
         # retries. Its threads' stacks are dumped to the log once it has run this long, and
@@ -85,10 +90,13 @@ class RealWorkers:
         started = time.perf_counter()
         try:
             self._set_threads()
-            self.model, self.tokenizer = load_smollm2(self.cache_dir)
+            self.model, self.tokenizer = load_smollm2(self.cache_dir, self.dtype)
+            self.loaded_dtype = str(self.model.dtype).removeprefix("torch.")
             self.engine = LocalEngine.for_tokenizer(self.model, self.tokenizer)
             self.load_seconds = time.perf_counter() - started
-            log.info("sandbox: SmolLM2 loaded in %.1f s", self.load_seconds)
+            log.info(
+                "sandbox: SmolLM2 loaded in %.1f s (%s)", self.load_seconds, self.loaded_dtype
+            )
         except Exception as exc:  # reported through /health
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("sandbox: loading SmolLM2 failed")
