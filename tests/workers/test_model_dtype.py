@@ -44,7 +44,6 @@ def test_without_torchs_cpu_report_auto_is_float32(monkeypatch):
     assert model_dtype("auto") is torch.float32
 
 
-
 def test_a_real_sandbox_worker_names_its_precision_and_shares_one_model():
     import yaml
 

@@ -94,9 +94,7 @@ class RealWorkers:
             self.loaded_dtype = str(self.model.dtype).removeprefix("torch.")
             self.engine = LocalEngine.for_tokenizer(self.model, self.tokenizer)
             self.load_seconds = time.perf_counter() - started
-            log.info(
-                "sandbox: SmolLM2 loaded in %.1f s (%s)", self.load_seconds, self.loaded_dtype
-            )
+            log.info("sandbox: SmolLM2 loaded in %.1f s (%s)", self.load_seconds, self.loaded_dtype)
         except Exception as exc:  # reported through /health
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("sandbox: loading SmolLM2 failed")
