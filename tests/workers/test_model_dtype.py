@@ -69,3 +69,17 @@ def test_a_real_sandbox_worker_names_its_precision_and_shares_one_model():
     ).real
     with pytest.raises(ValueError, match="share one model"):
         RealWorkers(two, None, None)
+
+
+def test_a_real_sandbox_worker_loads_in_its_profiles_precision():
+    import dataclasses
+
+    from conductor_pipeline.workers.sandbox.profiles import default_profiles_path, load_profiles
+    from conductor_pipeline.workers.sandbox.real_workers import RealWorkers
+
+    [real] = load_profiles(default_profiles_path()).real
+    workers = RealWorkers([dataclasses.replace(real, dtype="bfloat16")], None, 1)
+    workers.start_loading()
+    assert workers.ready.wait(120) and workers.error is None, workers.error
+    assert workers.loaded_dtype == "bfloat16"
+    assert {p.dtype for p in workers.model.parameters()} == {torch.bfloat16}

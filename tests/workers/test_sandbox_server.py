@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from conductor_pipeline.tasks.types import Task
-from conductor_pipeline.workers.local_model import native_bfloat16
 from conductor_pipeline.workers.sandbox import SandboxServer, SandboxStartError, load_profiles
 from conductor_pipeline.workers.sandbox.profiles import default_profiles_path
 
@@ -63,8 +63,16 @@ def sandbox(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sandbox")
     tasks_file = folder / "tasks.jsonl"
     tasks_file.write_text("".join(json.dumps(t.to_record()) + "\n" for t in TASKS))
+    # conf/base's profiles with the real worker in float32, where a reply does not depend on
+    # the batch it shared (in bfloat16 a batch's rounding can change it: docs/sandbox.md)
+    profiles = yaml.safe_load(default_profiles_path().read_text())
+    profiles["real"] = [{**real, "dtype": "float32"} for real in profiles["real"]]
+    profiles_path = folder / "sandbox_workers.yml"
+    profiles_path.write_text(yaml.safe_dump(profiles))
     started = time.perf_counter()
-    server = SandboxServer(tasks_paths=[tasks_file], latency_scale=0.0, seed=7)
+    server = SandboxServer(
+        tasks_paths=[tasks_file], profiles_path=profiles_path, latency_scale=0.0, seed=7
+    )
     with server:
         server.startup_s = time.perf_counter() - started
         yield server
@@ -76,9 +84,7 @@ def test_health_and_models(sandbox):
     health = httpx.get(f"{sandbox.url}/health", timeout=5)
     assert health.status_code == 200
     assert health.json()["status"] == "ok" and health.json()["real_model_loaded"] is True
-    # conf/base's real worker: dtype auto
-    native = "bfloat16" if native_bfloat16() else "float32"
-    assert health.json()["real_model_dtype"] == native
+    assert health.json()["real_model_dtype"] == "float32"
     models = httpx.get(f"{sandbox.base_url}/models", timeout=5).json()
     owners = {m["id"]: m["owned_by"] for m in models["data"]}
     assert set(owners) == set(PROFILES.names)
