@@ -26,7 +26,8 @@ class RealWorkers:
     ``max_batch`` rows), so concurrent callers share the model's forward passes: on one CPU
     core a batch of 8 replies of 32 tokens costs about as much as 3 single ones. Each row
     keeps its own seed, temperature and token limit (``generate_chat_batch``, through the
-    generation engine, whose earlier replies this batcher keeps for its guesses).
+    generation engine, which keeps earlier replies for its guesses when the model runs in
+    float32; in bfloat16 it guesses from each request's own tokens only).
 
     A batch also holds at most ``max_batch_chars`` of prompt counted as if every row were as
     long as its longest (rows times the longest prompt's characters); the oldest request
