@@ -234,6 +234,37 @@ def test_only_a_float32_model_guesses_from_other_requests_replies(tiny_model_dir
     assert len(policy._engine.recent_replies) == 2 * kept
 
 
+def test_rows_repeating_a_prompt_share_its_prompt_pass_and_write_their_own_texts(tiny_model_dir):
+    """A GRPO group: several rows on one prompt. The prompt runs once for all of them, and
+    each row writes what it writes alone with its seed."""
+    from transformers import AutoModelForCausalLM
+
+    from conductor_pipeline.generation.local import LocalEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompts = [[5, 6, 7, 8, 9, 10], [5, 6, 7, 11, 12]]
+    rows = [prompts[0]] * 3 + [prompts[1]] * 2
+    fed = []  # rows of each prompt pass (more than one token a row)
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda _, args, kwargs: (
+            fed.append(kwargs["input_ids"].shape[0]) if kwargs["input_ids"].shape[1] > 1 else None
+        ),
+        with_kwargs=True,
+    )
+    engine = LocalEngine(model, eos_token_id=[1, 2], pad_token_id=0)
+    try:
+        together = engine.generate(rows, 1.0, 6, seeds=[1, 2, 3, 4, 5], max_guess=0)
+    finally:
+        hook.remove()
+    assert sum(fed) == len(prompts)
+    alone = [
+        LocalEngine(model, [1, 2], 0).generate([r], 1.0, 6, seeds=[s], max_guess=0)[0]
+        for r, s in zip(rows, [1, 2, 3, 4, 5], strict=True)
+    ]
+    assert together == alone
+    assert len({tuple(t) for t in together[:3]}) > 1  # a group's rows drew their own texts
+
+
 # -- batches --------------------------------------------------------------------------------
 
 
@@ -387,6 +418,11 @@ def test_a_batch_pass_feeds_and_projects_only_the_tokens_its_rows_were_fed(local
 
     policy = local_policy
     model = policy._model
+    # the opening these prompts share, kept first: other tests on this policy may have kept
+    # another one, and computing it is a pass of its own (no mask, not a batch pass)
+    asyncio.run(
+        policy.complete_many(_batch_conversations(), temperature=1.0, max_tokens=1, seeds=[1] * 5)
+    )
     passes = []  # (tokens fed, rows x width of the padded layout)
     projected = []  # (dimensions of the head's input, positions it projects)
 
@@ -469,7 +505,7 @@ def test_rows_that_finish_leave_with_their_keys_values_mask_and_positions(leavin
     decoder._mask = torch.tensor([[1] * (6 - r) + [0] * r for r in range(rows)])
     decoder._next_position = torch.arange(rows) * 10
     decoder._rows = [
-        _Row(r, [1], 1.0, None, 8, None, [eos if r in leaving else 7]) for r in range(rows)
+        _Row(r, [1], 1.0, 1.0, None, 8, None, [eos if r in leaving else 7]) for r in range(rows)
     ]
     with torch.inference_mode():
         decoder._retire()

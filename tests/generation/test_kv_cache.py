@@ -121,28 +121,3 @@ def test_rows_joining_a_layer_with_free_rows_are_written_in_place():
     assert layer.room[0].data_ptr() != buffer
     assert torch.equal(layer.keys[:3, :, 2:], live) and layer.keys[:3, :, :2].abs().sum() == 0
     assert torch.equal(layer.keys[5], wider[0])
-
-
-def test_a_decode_layer_appends_in_place_and_keeps_its_rows_when_others_leave():
-    """The rollouts' layer: each group's prompt kept once, the generated columns per row
-    appended into one buffer (as concatenation would give them), rows leaving keep theirs."""
-    from conductor_pipeline.generation.kv_cache import DecodeLayer
-
-    generator = torch.Generator().manual_seed(1)
-    prompts = [(torch.randn(1, 2, 5, 3, generator=generator),) * 2 for _ in range(2)]
-    layer = DecodeLayer(prompts, rows=4)
-    assert layer.get_seq_length() == 0 and layer.keys.shape == (4, 2, 0, 3)
-    expected = layer.keys
-    buffers = set()
-    for step in range(6):
-        if step == 3:  # rows 1 and 2 finished
-            keep = torch.tensor([0, 3])
-            layer.batch_select_indices(keep)
-            expected = expected[keep]
-        new = torch.randn(layer.keys.shape[0], 2, 1, 3, generator=generator)
-        keys, values = layer.update(new, new)
-        expected = torch.cat([expected, new], dim=-2)
-        assert torch.equal(keys, expected) and torch.equal(values, expected)
-        buffers.add(layer.room[0].data_ptr())
-    assert layer.get_seq_length() == 6 and layer.prompts is prompts
-    assert len(buffers) == 2  # one buffer until rows left, one after

@@ -24,17 +24,9 @@ def test_the_listed_versions_are_the_installed_ones():
     )
 
 
-def test_trl_calls_the_overridden_methods_with_the_arguments_the_trainer_takes():
+def test_trl_calls_the_overridden_method_and_the_rollout_hook_as_the_trainer_expects():
     from trl import GRPOTrainer
 
-    single_turn = inspect.signature(GRPOTrainer._generate_single_turn).parameters
-    assert list(single_turn)[:5] == [
-        "self",
-        "prompt_ids",
-        "images",
-        "multimodal_fields",
-        "num_generations",
-    ]
     logps = inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters
     assert list(logps)[:8] == [
         "self",
@@ -46,23 +38,26 @@ def test_trl_calls_the_overridden_methods_with_the_arguments_the_trainer_takes()
         "compute_entropy",
         "compute_aux_loss",
     ]
+    assert "rollout_func" in inspect.signature(GRPOTrainer.__init__).parameters
     source = inspect.getsource(GRPOTrainer)
+    assert "self.rollout_func(prompts, self)" in source, "TRL calls rollout_func otherwise"
     for attribute in (
         "eos_token_ids",
-        "generation_config",
         "_is_vlm",
         "use_vllm",
         "_entropy_bonus_enabled",
+        "chat_template",
+        "chat_template_kwargs",
+        "temperature",
+        "top_p",
+        "max_completion_length",
     ):
         assert f"self.{attribute} =" in source, f"GRPOTrainer no longer sets {attribute}"
 
 
 def test_transformers_keeps_the_cache_and_generation_internals():
-    from transformers import GenerationMixin
     from transformers.cache_utils import Cache, DynamicLayer
 
-    for name in ("_prepare_generation_config", "_get_logits_processor"):
-        assert callable(getattr(GenerationMixin, name, None)), f"GenerationMixin.{name}"
     for name in ("lazy_initialization", "batch_select_indices", "crop", "get_seq_length"):
         assert callable(getattr(DynamicLayer, name, None)), f"DynamicLayer.{name}"
     assert "layers" in inspect.signature(Cache.__init__).parameters

@@ -1,6 +1,5 @@
 """A prompt, a seed and a temperature give one text whichever path generates it: GRPO
-rollouts (``shared_prefill_generate``, what ``ConductorGRPOTrainer._generate_single_turn``
-runs on a CPU), ``conductor ask`` (``LocalPolicy.complete``), evaluation's batches and the
+rollouts (``ConductorGRPOTrainer``'s ``rollout_func`` on a CPU), ``conductor ask`` (``LocalPolicy.complete``), evaluation's batches and the
 API's micro-batcher (``LocalPolicy.complete_many``; the API's continuous batches give
 ``complete``'s texts: tests/serving/test_batching.py). On the tiny random Llama, so that a
 token is a near-uniform draw over the whole vocabulary: any difference in how a path draws
@@ -11,13 +10,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
-from conductor_pipeline.training.fast_paths import shared_prefill_generate
-from conductor_pipeline.workers.local_model import encode_chat
+from conductor_pipeline.training.models import conductor_trainer_class
 from conductor_pipeline.workflow.policy import LocalPolicy
 
 QUESTIONS = ["What is 2 + 3?", "Name a prime number larger than ten."]
-SEEDS = [11, 12, 13]
+GROUP = 3  # rollouts per question
 TEMPERATURE = 0.7
 MAX_TOKENS = 12
 
@@ -37,24 +36,40 @@ def policy(tiny_model_dir) -> LocalPolicy:
 
 
 def _rollout_texts(policy: LocalPolicy) -> dict[tuple[str, int], str]:
-    """Completions of every question, one row per seed, all in one rollout batch."""
-    from transformers import AutoModelForCausalLM
+    """Completions of every question, ``GROUP`` rollouts each, in one rollout batch of a
+    real trainer, by question and the seed the row drew."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
 
-    tokenizer = policy._tokenizer
-    model = AutoModelForCausalLM.from_pretrained(policy.model_dir)  # as the trainer loads it
-    rows = [(q, s) for q in QUESTIONS for s in SEEDS]
-    completions = shared_prefill_generate(
-        model,
-        [encode_chat(tokenizer, _messages(q))[0] for q, _ in rows],
-        max_new_tokens=MAX_TOKENS,
-        eos_token_ids=[tokenizer.eos_token_id],
-        seeds=[s for _, s in rows],
-        temperature=TEMPERATURE,
+    group = GROUP
+    trainer = conductor_trainer_class()(
+        model=AutoModelForCausalLM.from_pretrained(policy.model_dir),  # as training loads it
+        reward_funcs=lambda prompts, completions, **kw: [0.0] * len(prompts),
+        args=GRPOConfig(
+            output_dir=str(policy.model_dir.parent / "same-text"),
+            use_cpu=True,
+            report_to="none",
+            num_generations=group,
+            per_device_train_batch_size=group,
+            max_completion_length=MAX_TOKENS,
+            temperature=TEMPERATURE,
+        ),
+        train_dataset=Dataset.from_list([{"prompt": _messages(QUESTIONS[0])}] * group),
+        processing_class=AutoTokenizer.from_pretrained(policy.model_dir),
     )
-    return {
-        row: tokenizer.decode(ids, skip_special_tokens=True).strip()
-        for row, ids in zip(rows, completions, strict=True)
+    questions = [q for q in QUESTIONS for _ in range(group)]
+    # the rollouts draw one seed a row from torch's global generator
+    torch.manual_seed(5)
+    seeds = torch.randint(2**62, (len(questions),)).tolist()
+    torch.manual_seed(5)
+    out = trainer.rollout_func([_messages(q) for q in questions], trainer)
+    tokenizer = trainer.processing_class
+    texts = {
+        (q, seed): tokenizer.decode(ids, skip_special_tokens=True).strip()
+        for q, seed, ids in zip(questions, seeds, out["completion_ids"], strict=True)
     }
+    return texts
 
 
 def test_rollouts_ask_and_batches_write_the_same_text(policy):
@@ -63,10 +78,9 @@ def test_rollouts_ask_and_batches_write_the_same_text(policy):
         (q, s): asyncio.run(
             policy.complete(_messages(q), temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=s)
         ).text
-        for q in QUESTIONS
-        for s in SEEDS
+        for q, s in rollouts
     }
-    rows = [(q, s) for s in SEEDS for q in QUESTIONS]  # another order than the rollouts'
+    rows = list(reversed(rollouts))  # another order than the rollouts'
     batched = asyncio.run(
         policy.complete_many(
             [_messages(q) for q, _ in rows],
@@ -75,6 +89,7 @@ def test_rollouts_ask_and_batches_write_the_same_text(policy):
             seeds=[s for _, s in rows],
         )
     )
+    assert len(rollouts) == len(QUESTIONS) * GROUP
     assert len(set(rollouts.values())) == len(rollouts)  # every seed drew its own text
     assert asked == rollouts
     assert {row: c.text for row, c in zip(rows, batched, strict=True)} == rollouts

@@ -166,12 +166,12 @@ def _timed_trainer(base: type, figures: dict[str, list[float]]) -> type:
     in ``figures``, and the prompt and completion lengths."""
 
     class Timed(base):  # type: ignore[misc, valid-type]
-        def _generate_single_turn(self, prompt_ids, *args, **kwargs):  # noqa: ANN001, ANN202
+        def _generate(self, prompts):  # noqa: ANN001, ANN202
             start = time.perf_counter()
-            out = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            out = super()._generate(prompts)
             figures["generation_s"].append(time.perf_counter() - start)
-            figures["prompt_tokens"].extend(len(p) for p in prompt_ids)
-            figures["completion_tokens"].extend(len(c) for c in out[0])
+            figures["prompt_tokens"].extend(len(p) for p in out[0])
+            figures["completion_tokens"].extend(len(c) for c in out[1])
             return out
 
         def _prepare_inputs(self, generation_batch):  # noqa: ANN001, ANN202
@@ -239,7 +239,8 @@ def training_step_benchmark(
     the same ``GRPOConfig`` (``trainer_args.grpo_args(config)``), model, LoRA, prompts and reward.
 
     Each trainer trains ``warmup + steps`` steps; the first ``warmup`` are not measured.
-    ``generation_s`` is the time in ``_generate_single_turn``, ``scoring_s`` the loss
+    ``generation_s`` is the time in TRL's ``_generate`` (tokenizing and generating the
+    rollouts: TRL's generation, or the engine through ``rollout_func``), ``scoring_s`` the loss
     forward and backward (a training step minus its rollout), ``other_s`` the rest of the
     step (rewards, advantages, optimizer, TRL's bookkeeping).
     """

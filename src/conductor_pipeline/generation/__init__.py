@@ -8,13 +8,12 @@ them (``tests/test_imports.py``); it needs torch and transformers only.
 one seeded generator per row, so a row's text depends on its prompt, its seed and the
 sampling settings, never on the rows beside it).
 
-``decode``: the one decode loop of served, evaluated and asked replies and of the sandbox's
-SmolLM2 worker (lookup decoding of a
-batch that rows join and leave; a single request is a batch of one row); ``local``: a loaded
-model's generation state (the kept prompt opening, recent replies, one generation at a time);
-``batching``: the one micro-batcher, gathering concurrent requests into batches (the API's
-and evaluation's). GRPO rollouts decode on their own loop
-(``training/fast_paths/decode.py``): rows grouped by prompt, the prompt's keys held once.
+``decode``: the one decode loop of served, evaluated and asked replies, of GRPO rollouts
+(TRL's ``rollout_func``: ``training/rollouts.py``) and of the sandbox's SmolLM2 worker
+(lookup decoding of a batch that rows join and leave; a single request is a batch of one
+row, rows repeating a prompt share its prompt pass); ``local``: a loaded model's generation
+state (the kept prompt opening, recent replies, one generation at a time); ``batching``: the
+one micro-batcher, gathering concurrent requests into batches (the API's and evaluation's).
 
 ``attention``: the one attention (transformers' SDPA with grouped key/value heads broadcast by
 the kernel, packed rows, rows decoding on a shared prompt); ``kv_cache``: cache layers that
@@ -30,11 +29,11 @@ upgrade moves one):
   the attention module's ``layer_idx``, ``is_causal`` and ``num_key_value_groups``;
   ``cache_utils.DynamicLayer``'s ``keys``, ``values``, ``is_initialized`` and
   ``lazy_initialization``, ``Cache(layers=...)``; the Llama layout (``embed_tokens``,
-  ``layers``, ``rotary_emb``, ``norm``, layers called with ``position_embeddings``);
-  ``GenerationMixin._prepare_generation_config`` and ``_get_logits_processor`` (which
-  warpers TRL's generation config asks for).
-- TRL: ``GRPOTrainer._generate_single_turn`` and ``_get_per_token_logps_and_entropies``
-  (overridden), and its ``eos_token_ids``, ``generation_config``, ``_is_vlm``, ``use_vllm``
-  and ``_entropy_bonus_enabled`` attributes.
+  ``layers``, ``rotary_emb``, ``norm``, layers called with ``position_embeddings``).
+- TRL: ``GRPOTrainer._get_per_token_logps_and_entropies`` (overridden by the trainer's
+  grouped scoring), and its ``eos_token_ids``, ``_is_vlm``, ``use_vllm`` and
+  ``_entropy_bonus_enabled`` attributes. Rollouts use the public ``rollout_func`` (marked
+  experimental in TRL 1.16) and the trainer's ``processing_class``, ``chat_template``,
+  ``chat_template_kwargs``, ``temperature``, ``top_p`` and ``max_completion_length``.
 - torch: none (``scaled_dot_product_attention(enable_gqa=...)`` is public since 2.5).
 """

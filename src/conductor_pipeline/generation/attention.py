@@ -1,6 +1,5 @@
 """The engine's one attention: transformers' SDPA attention, except that grouped key/value
-heads reach the kernel uncopied, a batch can be fed packed (:class:`PackedRows`), and rows
-sharing a prompt cache decode with that prompt read once (:func:`grouped_decode_attention`).
+heads reach the kernel uncopied and a batch can be fed packed (:class:`PackedRows`).
 
 transformers copies grouped keys and values to one per query head whenever a mask is given
 (SmolLM2: 3 key/value heads for 9 query heads), i.e. in every padded batch and at every
@@ -29,7 +28,6 @@ __all__ = [
     "GROUPED_ATTENTION",
     "PackedRows",
     "grouped_attention",
-    "grouped_decode_attention",
     "grouped_sdpa",
     "supports_packed_rows",
     "unwrapped_model",
@@ -82,19 +80,12 @@ def grouped_sdpa(
     scaling: float | None = None,
     is_causal: bool | None = None,
     packed_rows: PackedRows | None = None,
-    grouped_decode: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention with grouped key/value heads broadcast by the kernel.
 
     ``packed_rows`` (a model call's keyword, passed through to attention): the queries come
-    packed and the output goes back packed. ``grouped_decode`` (a cache with ``layers``
-    holding each prompt group's keys once and ``spans`` locating the groups' rows): one new
-    token per row, by :func:`grouped_decode_attention`."""
-    if grouped_decode is not None:
-        layer = grouped_decode.layers[module.layer_idx]
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return grouped_decode_attention(query, layer, grouped_decode.spans, scale), None
+    packed and the output goes back packed."""
     if packed_rows is not None:
         query = packed_rows.unpack(query)
     q_length, kv_length = query.shape[2], key.shape[2]
@@ -118,33 +109,6 @@ def grouped_sdpa(
     if packed_rows is not None:
         return packed_rows.pack(out), None
     return out.contiguous(), None
-
-
-def grouped_decode_attention(
-    query: torch.Tensor, layer: Any, spans: list[tuple[int, int, int]], scaling: float
-) -> torch.Tensor:
-    """One new token per row attending to its group's prompt (read once for the group's
-    rows: ``layer.prompts[group]``) and to its own generated tokens (``layer.keys``,
-    ``layer.values``), the two score blocks under one softmax. ``spans``: ``(group, first
-    row, end row)``. ``query``: (rows, heads, 1, dim); returns (rows, 1, heads, dim)."""
-    rows, heads, _, dim = query.shape
-    kv_heads = layer.keys.shape[1]
-    per_kv = heads // kv_heads
-    query = query.view(rows, kv_heads, per_kv, dim)
-    generated = torch.matmul(query, layer.keys.transpose(-1, -2))  # rows, kv, per_kv, t
-    outputs = []
-    for group, start, end in spans:
-        keys, values = layer.prompts[group]
-        n, length = end - start, keys.shape[2]
-        grouped = query[start:end].transpose(0, 1).reshape(kv_heads, n * per_kv, dim)
-        prompt = torch.matmul(grouped, keys[0].transpose(-1, -2))
-        prompt = prompt.view(kv_heads, n, per_kv, length).transpose(0, 1)
-        probs = torch.cat([prompt, generated[start:end]], dim=-1).mul_(scaling).softmax(dim=-1)
-        from_prompt = probs[..., :length].transpose(0, 1).reshape(kv_heads, n * per_kv, length)
-        from_prompt = torch.matmul(from_prompt, values[0]).view(kv_heads, n, per_kv, dim)
-        from_generated = torch.matmul(probs[..., length:], layer.values[start:end])
-        outputs.append(from_prompt.transpose(0, 1) + from_generated)
-    return torch.cat(outputs).view(rows, 1, heads, dim)
 
 
 AttentionInterface.register(GROUPED_ATTENTION, grouped_sdpa)

@@ -17,15 +17,16 @@ covers; a wrong guess costs a slightly larger pass and stays in the cache, hidde
 The text is therefore the one plain decoding writes for the same seed, up to the float
 rounding of a multi-token pass.
 
-GRPO rollouts decode with :func:`~conductor_pipeline.training.fast_paths.decode.shared_prefill_generate`
-instead: every row of a group shares one prompt, held once, and no guess is made (a rollout
-must sample, and its prompt differs from the replies that guesses come from).
+GRPO rollouts decode here too (``training/rollouts.py``), without guesses: sampled at
+temperature 1.0, a rollout strays from the replies and prompts guesses come from, and a
+wider pass over 32 rows then costs more than the tokens it saves (a group of 8 rollouts on
+4 prompts from the sandbox's warm start: 19-24 s with no guess, 22 s with 4, 28-30 s with 8).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,7 @@ class _Row:
     key: Any  # the caller's name for the row
     prompt: list[int]
     temperature: float
+    top_p: float
     generator: Any
     limit: int  # most tokens to write
     index: NgramIndex  # where its guesses come from
@@ -118,14 +120,17 @@ class BatchLookupDecoder:
     def __init__(
         self,
         model: Any,
-        eos_token_id: int,
+        eos_token_id: int | Collection[int],
         pad_token_id: int,
         max_guess: int = 8,
         draw_threads: Executor | None = None,
     ) -> None:
         self.model = model
         self.draw_threads = draw_threads  # None: rows draw one after another
-        self.eos_token_id = eos_token_id
+        # a row ends at the first of these it writes (a chat model may have several)
+        self.eos_token_ids = frozenset(
+            [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+        )
         self.pad_token_id = pad_token_id
         self.max_guess = max_guess
         self._packed = supports_packed_rows(model)  # else padded passes
@@ -154,32 +159,42 @@ class BatchLookupDecoder:
         max_new_tokens: int,
         keys: Sequence[Any],
         history: Sequence[Sequence[int]] = (),
+        top_p: float = 1.0,
+        prompt_of: Sequence[int] | None = None,
     ) -> None:
-        """Add the rows of a padded batch whose first ``shared`` columns are in ``cache``
-        (``None``: no cache). ``keys`` name the rows in :meth:`pop_finished`; row ``i`` draws
-        at ``temperature`` (``<= 0``: greedy) from a generator seeded with ``seeds[i]``;
-        ``history``:
-        earlier replies to guess from. One pass over their prompts draws each row's first
-        token. (Feeding a joining row's prompt inside the writing rows' passes instead, a few
+        """Add rows on the prompts of a padded batch whose first ``shared`` columns are in
+        ``cache`` (``None``: no cache): row ``i`` writes after prompt ``prompt_of[i]`` (default:
+        one row per prompt), so rows that repeat a prompt (a GRPO group) share its prompt
+        pass. ``keys`` name the rows in :meth:`pop_finished`; row ``i`` draws at
+        ``temperature`` (``<= 0``: greedy) and ``top_p`` from a generator seeded with
+        ``seeds[i]``; ``history``: earlier replies to guess from. One pass over the prompts
+        draws each row's first token. (Feeding a joining row's prompt inside the writing rows' passes instead, a few
         tokens a pass, was measured slower: the row then waits several passes for its first
         token, and every row's latency grows.)"""
-        count = input_ids.shape[0]
+        import torch
+
+        prompt_of = list(range(input_ids.shape[0]) if prompt_of is None else prompt_of)
         if not 0 <= shared < input_ids.shape[1]:
             raise ValueError(
                 f"BatchLookupDecoder.join: {shared} cached columns of {input_ids.shape[1]}"
             )
-        if not len(keys) == len(seeds) == count:
+        if not len(keys) == len(seeds) == len(prompt_of):
             raise ValueError(
-                f"BatchLookupDecoder.join: {len(keys)} keys, {len(seeds)} seeds, {count} rows"
+                f"BatchLookupDecoder.join: {len(keys)} keys, {len(seeds)} seeds, "
+                f"{len(prompt_of)} rows"
             )
-        prompts = [input_ids[i][attention_mask[i].bool()].tolist() for i in range(count)]
-        # one index for the rows joining together: the shared opening once, then each row's
-        # own tokens
+        prompts = [
+            input_ids[i][attention_mask[i].bool()].tolist() for i in range(input_ids.shape[0])
+        ]
+        # one index for the rows joining together: the shared opening once, then each
+        # prompt's own tokens
         sources = [*history, prompts[0], *(p[shared:] for p in prompts[1:])]
         index = NgramIndex(sources if self.max_guess > 0 else [])
         rows = [
-            _Row(key, prompt, temperature, row_generator(seed), max_new_tokens, index, [])
-            for key, prompt, seed in zip(keys, prompts, seeds, strict=True)
+            _Row(
+                key, prompts[p], temperature, top_p, row_generator(seed), max_new_tokens, index, []
+            )
+            for key, p, seed in zip(keys, prompt_of, seeds, strict=True)
         ]
         if max_new_tokens < 1:
             self._done.extend(rows)
@@ -199,11 +214,18 @@ class BatchLookupDecoder:
         # weight once per row (47 ms instead of 8 for 16 rows)
         logits = self.model.get_output_embeddings()(out.last_hidden_state[:, -1])
         first = self._each_row(
-            lambda j: draw_token(logits[j], rows[j].temperature, rows[j].generator), len(rows)
+            lambda j: draw_token(logits[prompt_of[j]], temperature, rows[j].generator, top_p),
+            len(rows),
         )
         for row, token in zip(rows, first, strict=True):
             row.tokens.append(token)
-        self._stack(out.past_key_values, attention_mask, positions[:, -1] + 1, rows)
+        cache = out.past_key_values
+        if prompt_of != list(range(len(prompts))):  # each row its own copy of its prompt's
+            where = torch.tensor(prompt_of)
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys[where], layer.values[where]
+            attention_mask, positions = attention_mask[where], positions[where]
+        self._stack(cache, attention_mask, positions[:, -1] + 1, rows)
         self._retire()
 
     def step(self) -> None:
@@ -259,7 +281,9 @@ class BatchLookupDecoder:
             row, guess = self._rows[j], guesses[j]
             kept = 0
             for i in range(len(guess) + 1):
-                token = draw_token(logits[first_logit[j] + i], row.temperature, row.generator)
+                token = draw_token(
+                    logits[first_logit[j] + i], row.temperature, row.generator, row.top_p
+                )
                 row.tokens.append(token)
                 if self._finished(row):
                     break
@@ -292,7 +316,7 @@ class BatchLookupDecoder:
         return [(row.key, row.tokens) for row in done]
 
     def _finished(self, row: _Row) -> bool:
-        return row.tokens[-1] == self.eos_token_id or len(row.tokens) >= row.limit
+        return row.tokens[-1] in self.eos_token_ids or len(row.tokens) >= row.limit
 
     def _retire(self) -> None:
         """Finished rows leave the batch, their keys and values with them: the last rows

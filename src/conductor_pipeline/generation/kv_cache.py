@@ -3,11 +3,10 @@ place, where transformers' ``DynamicLayer`` concatenates the whole cache again a
 (a tenth of a 16-row batch's time on a CPU).
 
 One buffer manager serves every batch: :func:`append_columns` and :func:`stack_rows` keep a
-layer's tensors as views of buffers with room to spare (``layer.room``). Serving's batches
-(rows join and leave, rows fed packed) reach it through :func:`packed_cache`; GRPO rollouts
-(rows grouped by prompt) through :class:`DecodeLayer`, which also holds each prompt group's
-keys and values once. :func:`cache_from` lends a prompt's keys and values to many rows
-without a copy (the kept opening of served prompts, the prompts of scored groups).
+layer's tensors as views of buffers with room to spare (``layer.room``); batches reach it
+through :func:`packed_cache` (rows join and leave, rows fed packed). :func:`cache_from` lends
+a prompt's keys and values to many rows without a copy (the kept opening of served prompts,
+the prompts of scored GRPO groups).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ __all__ = [
     "KV",
     "SPARE_COLUMNS",
     "SPARE_ROWS",
-    "DecodeLayer",
     "append_columns",
     "cache_from",
     "packed_cache",
@@ -152,27 +150,3 @@ def _views_of(layer: Any, room: tuple[Any, Any]) -> bool:
         and layer.values.data_ptr() == room[1].data_ptr()
         and layer.keys.stride() == room[0].stride()
     )
-
-
-class DecodeLayer(DynamicLayer):
-    """One layer's cache for rows decoding on shared prompts (read by
-    :func:`~conductor_pipeline.generation.attention.grouped_decode_attention`): each prompt
-    group's keys and values once in ``prompts`` (a padded batch cache holds a prompt once per
-    row, and attention reads every copy at every token), and the generated tokens' per row in
-    ``keys`` and ``values``, appended in place (:func:`append_columns`)."""
-
-    def __init__(self, prompts: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> None:
-        super().__init__()
-        keys, values = prompts[0]
-        self.lazy_initialization(keys, values)
-        self.prompts = prompts
-        self.keys = keys.new_zeros((rows, keys.shape[1], 0, keys.shape[3]))
-        self.values = values.new_zeros((rows, values.shape[1], 0, values.shape[3]))
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return append_columns(self, key_states, value_states)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.keys, self.values = self.keys[indices], self.values[indices]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
@@ -73,7 +73,7 @@ class LocalEngine:
     (single requests that started from the kept opening), ``forward_passes`` (single
     requests' passes, prompts included), ``batch_forward_passes`` (the same for batches)."""
 
-    def __init__(self, model: Any, eos_token_id: int, pad_token_id: int) -> None:
+    def __init__(self, model: Any, eos_token_id: int | Collection[int], pad_token_id: int) -> None:
         self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
         # (token ids, their keys and values per layer)
         self.prefix: tuple[tuple[int, ...], list[tuple[Any, Any]]] | None = None
@@ -116,10 +116,11 @@ class LocalEngine:
         max_guess: int,
         draw_threads: Executor | None = None,
         single: bool = False,
+        top_p: float = 1.0,
     ) -> list[list[int]]:
         """Up to ``max_tokens`` new ids per row of ``rows`` (one batch; a row draws with its
-        own generator seeded with its seed, so its ids do not depend on the batch).
-        ``single``: a single request (counted as one)."""
+        own generator seeded with its seed, so its ids do not depend on the batch; rows may
+        repeat a prompt). ``single``: a single request (counted as one)."""
         replies: list[list[int]] = [[] for _ in rows]
 
         def done(handle: int, tokens: list[int], joined: float) -> None:
@@ -127,7 +128,15 @@ class LocalEngine:
 
         first = [(j, ids, seed) for j, (ids, seed) in enumerate(zip(rows, seeds, strict=True))]
         self.generate_continuously(
-            first, temperature, max_tokens, lambda _: [], done, max_guess, draw_threads, single
+            first,
+            temperature,
+            max_tokens,
+            lambda _: [],
+            done,
+            max_guess,
+            draw_threads,
+            single,
+            top_p,
         )
         return replies
 
@@ -141,6 +150,7 @@ class LocalEngine:
         max_guess: int,
         draw_threads: Executor | None = None,
         single: bool = False,
+        top_p: float = 1.0,
     ) -> None:
         """One batch that rows join (``first``, then what ``more(rows writing)`` returns
         before each pass) and leave when done: ``done(handle, new ids, joined at)`` as soon as
@@ -153,7 +163,9 @@ class LocalEngine:
         with self.lock, torch.inference_mode():
             while joining or decoder.rows:
                 if joining:
-                    self._join(decoder, joining, temperature, int(max_tokens), joined_at, single)
+                    self._join(
+                        decoder, joining, (temperature, top_p), int(max_tokens), joined_at, single
+                    )
                 if decoder.rows:
                     decoder.step()
                 for handle, tokens in decoder.pop_finished():
@@ -170,35 +182,41 @@ class LocalEngine:
         self,
         decoder: BatchLookupDecoder,
         joining: list[JoiningIds],
-        temperature: float,
+        sampling: tuple[float, float],
         max_tokens: int,
         joined_at: dict[Any, float],
         single: bool,
     ) -> None:
-        """Add ``joining`` to ``decoder``, their shared opening from the kept cache, in groups
-        of similar length (:func:`length_groups`): a prompt pass computes its pads as if they
-        were tokens, and on a CPU a pass over one row's prompt is as efficient per token as a
-        pass over several."""
+        """Add ``joining`` to ``decoder`` (``sampling``: temperature and top-p), their shared
+        opening from the kept cache, in groups of similar length (:func:`length_groups`): a
+        prompt pass computes its pads as if they were tokens, and on a CPU a pass over one
+        row's prompt is as efficient per token as a pass over several. Rows that repeat a
+        prompt share its place in the pass."""
         now = time.perf_counter()
         joined_at.update((handle, now) for handle, _, _ in joining)
-        opening = self.shared_prefix([ids for _, ids, _ in joining])
-        own = [len(ids) - opening for _, ids, _ in joining]
-        for group in length_groups(own):
-            rows = [joining[i] for i in group]
-            input_ids, attention_mask, shared = self.padded([ids for _, ids, _ in rows])
+        distinct: dict[tuple[int, ...], list[JoiningIds]] = {}
+        for row in joining:
+            distinct.setdefault(tuple(row[1]), []).append(row)
+        prompts = [list(ids) for ids in distinct]
+        opening = self.shared_prefix(prompts)
+        for group in length_groups([len(ids) - opening for ids in prompts]):
+            input_ids, attention_mask, shared = self.padded([prompts[i] for i in group])
             if single and shared:
                 self.prefix_hits += 1
-            cache = self.prefix_cache(rows[0][1][:shared], len(rows)) if shared else None
+            cache = self.prefix_cache(prompts[group[0]][:shared], len(group)) if shared else None
+            rows = [(k, row) for k, i in enumerate(group) for row in distinct[tuple(prompts[i])]]
             decoder.join(
                 input_ids,
                 attention_mask,
                 cache,
                 shared,
-                temperature,
-                [seed for _, _, seed in rows],
+                sampling[0],
+                [seed for _, (_, _, seed) in rows],
                 max_tokens,
-                [handle for handle, _, _ in rows],
+                [handle for _, (handle, _, _) in rows],
                 history=list(self.recent_replies),
+                top_p=sampling[1],
+                prompt_of=[k for k, _ in rows],
             )
 
     def padded(self, rows: list[list[int]]) -> tuple[Any, Any, int]:

@@ -1,12 +1,12 @@
-"""The CPU fast paths of :class:`~conductor_pipeline.training.trainer.ConductorGRPOTrainer`
-(why and what they change: that module's docstring).
+"""The CPU scoring path of :class:`~conductor_pipeline.training.trainer.ConductorGRPOTrainer`
+(why and what it changes: that module's docstring).
 
-Attention, the decode cache and the token draw are the generation engine's
-(:mod:`conductor_pipeline.generation`). ``layers``: the decoder parts driven directly; ``prefill``: prompt caches; ``decode``: shared-prefill generation;
-``scoring``: grouped log-probabilities.
+Attention and the cache layers are the generation engine's
+(:mod:`conductor_pipeline.generation`). ``layers``: the decoder parts driven directly and
+the states recorded at the first trainable layer; ``prefill``: prompt caches; ``scoring``:
+grouped log-probabilities.
 """
 
-from conductor_pipeline.training.fast_paths.decode import shared_prefill_generate
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
@@ -22,5 +22,4 @@ __all__ = [
     "group_rows",
     "grouped_completion_logps",
     "prompt_caches",
-    "shared_prefill_generate",
 ]

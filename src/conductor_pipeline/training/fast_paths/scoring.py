@@ -1,6 +1,6 @@
 """Grouped scoring: per-token log-probabilities (and entropies) of completions, each
-prompt run once for its rows, optionally starting at the first trainable layer from the
-states recorded while generating."""
+prompt run once for its rows; the states entering the first trainable layer are recorded by
+one scoring pass and let the next passes over the same rollouts start there."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from conductor_pipeline.training.fast_paths.layers import (
     FrozenStates,
     backbone_and_head,
     causal_mask,
-    first_trainable_layer,
+    layer_inputs,
     run_layers,
 )
 from conductor_pipeline.training.fast_paths.prefill import group_rows, prompt_caches
@@ -46,10 +46,9 @@ def _usable_states(
     prompts: list[list[int]],
     completions: list[tuple[int, ...]],
 ) -> FrozenStates | None:
-    """``frozen`` when it holds the states of every row of this batch for this model."""
+    """``frozen`` when it holds the states of every row of this batch for this model (the
+    caller fixes ``frozen.layer`` at a layer no adapter reaches below)."""
     if frozen is None or frozen.backbone is not backbone_and_head(model)[0]:
-        return None
-    if first_trainable_layer(model) != frozen.layer:
         return None
     rows = zip(prompts, completions, strict=True)
     if any((tuple(p), c) not in frozen.rollouts for p, c in rows):
@@ -71,6 +70,7 @@ def grouped_completion_logps(
     batch_size: int | None = None,
     share_prefix: bool = True,
     frozen: FrozenStates | None = None,
+    record: FrozenStates | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probabilities (and entropies) of the completion tokens, as TRL's
     ``_get_per_token_logps_and_entropies`` returns them: ``(rows, logits_to_keep)``, zero
@@ -79,8 +79,10 @@ def grouped_completion_logps(
     ``input_ids`` is TRL's layout: left-padded prompts, then right-padded completions of
     width ``logits_to_keep``. Rows are grouped by prompt (in any order); each prompt runs
     once and its cache serves its rows, ``batch_size`` rows at a time (``None``: all).
-    When ``frozen`` holds every row (the rollouts it recorded), the layers below its layer
-    are not run again.
+    When ``frozen`` holds every row, the layers below its layer are not run again;
+    otherwise ``record`` (when given) receives the states entering its layer, for the next
+    pass over these rows (a step scores its rollouts two or three times: the reference
+    model, the old policy, the loss).
     """
     rows_total, split = input_ids.size(0), input_ids.size(1) - logits_to_keep
     device = input_ids.device
@@ -105,8 +107,13 @@ def grouped_completion_logps(
         frozen = _usable_states(frozen, model, prompts, completions) if grouped_heads else None
         if frozen is not None:
             frozen.uses += 1
+        record = record if frozen is None else None
         caches = prompt_caches(
-            model, [ids for ids, _ in groups], share_prefix=share_prefix, frozen=frozen
+            model,
+            [ids for ids, _ in groups],
+            share_prefix=share_prefix,
+            frozen=frozen,
+            record=record,
         )
         for (ids, group), kv in zip(groups, caches, strict=True):
             step = batch_size or len(group)
@@ -122,12 +129,17 @@ def grouped_completion_logps(
                 cache = cache_from(kv, len(rows), backbone.config.num_hidden_layers)
                 if frozen is None:
                     first = input_ids.new_full((len(rows), 1), ids[-1])
-                    hidden = backbone(
-                        input_ids=torch.cat([first, targets[:, : used - 1]], dim=1),
-                        position_ids=positions,
-                        past_key_values=cache if kv is not None else None,
-                        use_cache=True,
-                    ).last_hidden_state
+                    with layer_inputs(backbone, record.layer if record else None) as seen:
+                        hidden = backbone(
+                            input_ids=torch.cat([first, targets[:, : used - 1]], dim=1),
+                            position_ids=positions,
+                            past_key_values=cache if kv is not None else None,
+                            use_cache=True,
+                        ).last_hidden_state
+                    if record is not None:
+                        for i, r in enumerate(rows):  # the fed tokens: one per completion token
+                            key = (tuple(ids), completions[r])
+                            record.rollouts[key] = seen[-1][i, : len(completions[r])]
                 else:
                     states = [frozen.rollouts[(tuple(ids), completions[r])] for r in rows]
                     inputs = states[0].new_zeros((len(rows), used, states[0].shape[-1]))
