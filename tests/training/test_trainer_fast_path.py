@@ -142,11 +142,11 @@ def test_log_probs_and_entropies_equal_stock_trl(trainer, shared, recorded):
     rows = _shuffled_batch(trainer, _prompts(shared))
     input_ids, mask, width = _scoring_args(rows)
     stock = _stock(trainer, "_get_per_token_logps_and_entropies")
-    trainer._frozen_states = None
+    trainer.frozen_states = None
     with torch.no_grad():
         if recorded:  # a first pass records the states entering the LoRA layer
             trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, mask, width)
-            assert trainer._frozen_states is not None and trainer._frozen_states.uses == 0
+            assert trainer.frozen_states is not None and trainer.frozen_states.uses == 0
         calls = dict(trainer.fast_path_calls)
         ours = trainer._get_per_token_logps_and_entropies(
             trainer.model, input_ids, mask, width, batch_size=4, compute_entropy=True
@@ -154,8 +154,35 @@ def test_log_probs_and_entropies_equal_stock_trl(trainer, shared, recorded):
         theirs = stock(trainer.model, input_ids, mask, width, compute_entropy=True)
     assert trainer.fast_path_calls["scoring"] == calls["scoring"] + 1
     if recorded:
-        assert trainer._frozen_states.uses == 1  # started from the recorded states
+        assert trainer.frozen_states.uses == 1  # started from the recorded states
     assert bool((theirs[0] != 0).any())
+    torch.testing.assert_close(ours[0], theirs[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ours[1], theirs[1], atol=1e-4, rtol=1e-5)
+
+
+def test_scoring_starts_from_the_states_recorded_while_generating(trainer):
+    """The engine records the states entering the LoRA layer as it writes the rollouts;
+    scoring them starts there and still gives stock TRL's numbers."""
+    texts = ["hello there", "a somewhat longer prompt for the second group of rollouts"]
+    out = trainer.rollout_func([t for t in texts for _ in range(GROUP)], trainer)
+    states = trainer.frozen_states
+    assert states is not None and states.layer == 1 and states.uses == 0
+    order = torch.randperm(len(out["prompt_ids"]), generator=torch.Generator().manual_seed(4))
+
+    rows = _rows(
+        [out["prompt_ids"][i] for i in order],
+        [out["completion_ids"][i] for i in order],
+        trainer.processing_class.pad_token_id,
+    )
+    input_ids, mask, width = _scoring_args(rows)
+    with torch.no_grad():
+        ours = trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, mask, width, compute_entropy=True
+        )
+        theirs = _stock(trainer, "_get_per_token_logps_and_entropies")(
+            trainer.model, input_ids, mask, width, compute_entropy=True
+        )
+    assert trainer.frozen_states is states and states.uses == 1
     torch.testing.assert_close(ours[0], theirs[0], atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(ours[1], theirs[1], atol=1e-4, rtol=1e-5)
 
@@ -173,7 +200,7 @@ def test_lora_gradients_of_the_loss_equal_stock_trl(trainer, monkeypatch, record
     monkeypatch.setattr(trainer, "current_gradient_accumulation_steps", 1, raising=False)
     lora = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert lora and all("lora_" in n and ".layers.1." in n for n in lora)
-    trainer._frozen_states = None
+    trainer.frozen_states = None
     if recorded:
         with torch.no_grad():
             trainer._get_per_token_logps_and_entropies(trainer.model, *_scoring_args(rows))
@@ -187,7 +214,7 @@ def test_lora_gradients_of_the_loss_equal_stock_trl(trainer, monkeypatch, record
     ours = gradients()
     assert trainer.fast_path_calls["scoring"] == calls + 1
     if recorded:
-        assert trainer._frozen_states.uses == 1
+        assert trainer.frozen_states.uses == 1
     monkeypatch.setattr(
         trainer,
         "_get_per_token_logps_and_entropies",

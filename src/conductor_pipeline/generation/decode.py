@@ -137,6 +137,7 @@ class BatchLookupDecoder:
         self.passes = 0  # decoding passes, prompt passes not counted
         self.prompt_passes = 0  # passes over the prompts of joining rows
         self.guessed = 0  # guessed tokens kept, all rows together
+        self.fed: list[tuple[Any, int]] = []  # the last pass: each row's key, tokens fed
         self._rows: list[_Row] = []
         self._done: list[_Row] = []
         self._cache: Any = None
@@ -243,6 +244,7 @@ class BatchLookupDecoder:
             for row in self._rows
         ]
         fed = [[row.tokens[-1], *g] for row, g in zip(self._rows, guesses, strict=True)]
+        self.fed = [(row.key, len(f)) for row, f in zip(self._rows, fed, strict=True)]
         width = max(len(f) for f in fed)
         new_columns = [[1] * len(f) + [0] * (width - len(f)) for f in fed]
         base = self._mask.shape[1]

@@ -12,10 +12,12 @@ decode loop, :class:`~conductor_pipeline.generation.decode.BatchLookupDecoder`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,7 +25,14 @@ import torch
 from conductor_pipeline.generation.decode import BatchLookupDecoder
 from conductor_pipeline.generation.kv_cache import cache_from
 
-__all__ = ["MIN_SHARED_PREFIX", "LocalEngine", "common_prefix", "length_groups"]
+__all__ = [
+    "MIN_SHARED_PREFIX",
+    "LayerStates",
+    "LocalEngine",
+    "common_prefix",
+    "layer_inputs",
+    "length_groups",
+]
 
 # a shared opening shorter than this is not worth a separate cache
 MIN_SHARED_PREFIX = 32
@@ -32,9 +41,9 @@ MIN_SHARED_PREFIX = 32
 JoiningIds = tuple[Any, list[int], int]
 
 
-def common_prefix(rows: Sequence[Sequence[int]]) -> int:
-    """Tokens all rows start with, leaving every row at least one token of its own."""
-    n = min(len(r) for r in rows) - 1
+def common_prefix(rows: Sequence[Sequence[int]], own: int = 1) -> int:
+    """Tokens all rows start with, leaving every row at least ``own`` tokens of its own."""
+    n = min(len(r) for r in rows) - own
     k = 0
     while k < n and all(r[k] == rows[0][k] for r in rows):
         k += 1
@@ -66,6 +75,39 @@ def length_groups(
     return groups
 
 
+@contextlib.contextmanager
+def layer_inputs(backbone: Any, index: int | None) -> Iterator[list[torch.Tensor]]:
+    """Collects the hidden states entering decoder layer ``index`` of ``backbone`` (the
+    decoder stack), one tensor per call; nothing when ``index`` is ``None``."""
+    seen: list[torch.Tensor] = []
+    if index is None:
+        yield seen
+        return
+
+    def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        seen.append((args[0] if args else kwargs["hidden_states"]).detach())
+
+    handle = backbone.layers[index].register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+@dataclass
+class LayerStates:
+    """Hidden states entering decoder layer ``layer``, recorded while generating (GRPO's
+    scoring starts there: the layers below are frozen). By row handle: ``prompt[handle]``,
+    the states of the row's prompt tokens; ``fed[handle]``, those of the tokens fed while
+    decoding, in order (each drawn token but the last)."""
+
+    layer: int
+    prompt: dict[Any, torch.Tensor] = field(default_factory=dict)
+    fed: dict[Any, list[torch.Tensor]] = field(default_factory=dict)
+    seen: list[torch.Tensor] = field(default_factory=list)  # the hook's, per model call
+    opening: torch.Tensor | None = None  # the kept opening's, when computed while recording
+
+
 class LocalEngine:
     """Generation for a loaded causal LM (see the module docstring). ``generate`` and
     ``generate_continuously`` take prompts as token ids and return each row's new ids, the
@@ -89,6 +131,12 @@ class LocalEngine:
             maxlen=0 if reduced else 32
         )
         self._draw_pool: Executor | None = None
+        self._record: LayerStates | None = None  # while a recording generation runs
+
+    @property
+    def dtype_name(self) -> str:
+        """The model's precision, as settings and ``/health`` name it (``float32``, ...)."""
+        return str(self.model.dtype).removeprefix("torch.")
 
     @classmethod
     def for_tokenizer(cls, model: Any, tokenizer: Any) -> LocalEngine:
@@ -117,10 +165,12 @@ class LocalEngine:
         draw_threads: Executor | None = None,
         single: bool = False,
         top_p: float = 1.0,
+        record: LayerStates | None = None,
     ) -> list[list[int]]:
         """Up to ``max_tokens`` new ids per row of ``rows`` (one batch; a row draws with its
         own generator seeded with its seed, so its ids do not depend on the batch; rows may
-        repeat a prompt). ``single``: a single request (counted as one)."""
+        repeat a prompt). ``single``: a single request (counted as one). ``record``: receives
+        the states entering its layer, by row index (plain decoding only: ``max_guess=0``)."""
         replies: list[list[int]] = [[] for _ in rows]
 
         def done(handle: int, tokens: list[int], joined: float) -> None:
@@ -137,6 +187,7 @@ class LocalEngine:
             draw_threads,
             single,
             top_p,
+            record,
         )
         return replies
 
@@ -151,6 +202,7 @@ class LocalEngine:
         draw_threads: Executor | None = None,
         single: bool = False,
         top_p: float = 1.0,
+        record: LayerStates | None = None,
     ) -> None:
         """One batch that rows join (``first``, then what ``more(rows writing)`` returns
         before each pass) and leave when done: ``done(handle, new ids, joined at)`` as soon as
@@ -160,18 +212,41 @@ class LocalEngine:
         )
         joined_at: dict[Any, float] = {}
         joining = list(first)
-        with self.lock, torch.inference_mode():
-            while joining or decoder.rows:
-                if joining:
-                    self._join(
-                        decoder, joining, (temperature, top_p), int(max_tokens), joined_at, single
-                    )
-                if decoder.rows:
-                    decoder.step()
-                for handle, tokens in decoder.pop_finished():
-                    self.recent_replies.appendleft(tokens)
-                    done(handle, tokens, joined_at.pop(handle))
-                joining = list(more(decoder.rows))
+        if record is not None and max_guess != 0:
+            raise ValueError("LocalEngine: states are recorded with plain decoding (max_guess=0)")
+        layer = record.layer if record is not None else None
+        with (
+            self.lock,
+            torch.inference_mode(),
+            layer_inputs(self.model.get_decoder(), layer) as seen,
+        ):
+            self._record = record
+            if record is not None:
+                record.seen = seen
+            try:
+                while joining or decoder.rows:
+                    if joining:
+                        self._join(
+                            decoder,
+                            joining,
+                            (temperature, top_p),
+                            int(max_tokens),
+                            joined_at,
+                            single,
+                        )
+                    if decoder.rows:
+                        decoder.step()
+                        if record is not None:
+                            states = seen.pop()
+                            states = states.reshape(-1, states.shape[-1])  # one token a row
+                            for (handle, _), state in zip(decoder.fed, states, strict=True):
+                                record.fed.setdefault(handle, []).append(state)
+                    for handle, tokens in decoder.pop_finished():
+                        self.recent_replies.appendleft(tokens)
+                        done(handle, tokens, joined_at.pop(handle))
+                    joining = list(more(decoder.rows))
+            finally:
+                self._record = None
         passes = decoder.passes + decoder.prompt_passes
         if single:
             self.forward_passes += passes
@@ -205,6 +280,7 @@ class LocalEngine:
                 self.prefix_hits += 1
             cache = self.prefix_cache(prompts[group[0]][:shared], len(group)) if shared else None
             rows = [(k, row) for k, i in enumerate(group) for row in distinct[tuple(prompts[i])]]
+            passes = decoder.prompt_passes
             decoder.join(
                 input_ids,
                 attention_mask,
@@ -218,6 +294,21 @@ class LocalEngine:
                 top_p=sampling[1],
                 prompt_of=[k for k, _ in rows],
             )
+            if self._record is not None and decoder.prompt_passes > passes:
+                self._record_prompts([prompts[i] for i in group], shared, rows)
+
+    def _record_prompts(
+        self, prompts: list[list[int]], shared: int, rows: list[tuple[int, JoiningIds]]
+    ) -> None:
+        """The states of each row's prompt tokens: the kept opening's, then its own from the
+        prompt pass just run (left-padded: its own tokens are the last columns)."""
+        record = self._record
+        states = record.seen.pop()
+        if shared and (record.opening is None or len(record.opening) < shared):
+            raise RuntimeError("LocalEngine: the prompt opening was kept before recording began")
+        for k, (handle, _, _) in rows:
+            own = states[k, states.shape[1] - (len(prompts[k]) - shared) :]
+            record.prompt[handle] = torch.cat([record.opening[:shared], own]) if shared else own
 
     def padded(self, rows: list[list[int]]) -> tuple[Any, Any, int]:
         """``rows`` as one padded batch ``(input_ids, attention_mask, shared)``.
@@ -244,10 +335,7 @@ class LocalEngine:
         common = common_prefix(rows)
         if self.prefix is not None:
             kept = self.prefix[0]
-            reach = min(len(kept), common)
-            match = 0
-            while match < reach and rows[0][match] == kept[match]:
-                match += 1
+            match = common_prefix([rows[0][:common], kept], own=0)
             # a kept opening that ran into the first batch's questions ("Question: What")
             # still serves the rows that share only the template's part of it
             if match == len(kept) or match >= MIN_SHARED_PREFIX:
@@ -262,6 +350,8 @@ class LocalEngine:
         key = tuple(prefix)
         if self.prefix is None or self.prefix[0][: len(key)] != key:
             out = self.model(input_ids=torch.tensor([prefix]), use_cache=True)
+            if self._record is not None:
+                self._record.opening = self._record.seen.pop()[0]
             self.prefix = (
                 key,
                 [(layer.keys, layer.values) for layer in out.past_key_values.layers],

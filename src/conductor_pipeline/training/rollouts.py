@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ROLLOUT_MAX_GUESS", "engine_rollouts", "engine_rollouts_blocker"]
+__all__ = ["ROLLOUT_MAX_GUESS", "engine_rollouts", "engine_rollouts_blocker", "frozen_states"]
 
 # guessed tokens a pass may check (none: see the module docstring)
 ROLLOUT_MAX_GUESS = 0
@@ -58,7 +58,7 @@ def engine_rollouts(prompts: list[Any], trainer: Any) -> dict[str, Any]:
     from trl.data_utils import is_conversational
 
     from conductor_pipeline.generation.attention import grouped_attention
-    from conductor_pipeline.generation.local import LocalEngine
+    from conductor_pipeline.generation.local import LayerStates, LocalEngine
 
     if trainer.accelerator.device.type != "cpu":
         raise RuntimeError(
@@ -87,6 +87,8 @@ def engine_rollouts(prompts: list[Any], trainer: Any) -> dict[str, Any]:
     )
     # one seed a row, from torch's global generator (seeded with the run's seed)
     seeds = torch.randint(2**62, (len(prompt_ids),)).tolist()
+    layer = getattr(trainer, "frozen_layer", 0)
+    record = LayerStates(layer) if layer else None
     with grouped_attention(model):
         completions = engine.generate(
             prompt_ids,
@@ -95,6 +97,27 @@ def engine_rollouts(prompts: list[Any], trainer: Any) -> dict[str, Any]:
             seeds=seeds,
             max_guess=ROLLOUT_MAX_GUESS,
             top_p=trainer.top_p,
+            record=record,
         )
+    if record is not None:
+        trainer.frozen_states = frozen_states(record, model, prompt_ids, completions)
     trainer.fast_path_calls["generation"] += 1
     return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": None}
+
+
+def frozen_states(
+    record: Any, model: Any, prompt_ids: list[list[int]], completions: list[list[int]]
+) -> Any:
+    """The states ``record`` holds by row, keyed as grouped scoring looks them up: by prompt
+    (all its tokens but the last) and by (prompt, completion) (the last prompt token and the
+    completion but its last token, the tokens that were fed)."""
+    from conductor_pipeline.training.fast_paths import FrozenStates
+    from conductor_pipeline.training.fast_paths.layers import backbone_and_head
+
+    states = FrozenStates(backbone_and_head(model)[0], record.layer)
+    for row, (prompt, completion) in enumerate(zip(prompt_ids, completions, strict=True)):
+        prompt_states = record.prompt[row]
+        fed = [prompt_states[-1:], *(s[None] for s in record.fed.get(row, []))]
+        states.prompts[tuple(prompt)] = prompt_states[:-1]
+        states.rollouts[(tuple(prompt), tuple(completion))] = torch.cat(fed)[: len(completion)]
+    return states

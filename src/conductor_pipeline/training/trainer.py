@@ -20,14 +20,15 @@ So on a CPU, in one process, with plain temperature/top-p sampling:
 1. **Rollouts** come from TRL's public ``rollout_func`` hook:
    :func:`~conductor_pipeline.training.rollouts.engine_rollouts` writes them on the engine
    that serves and evaluates the Conductor (one token draw, one attention, one decode loop;
-   each distinct prompt prefilled once for its group). Otherwise
+   each distinct prompt prefilled once for its group), recording the hidden states that
+   enter the first LoRA layer (:class:`FrozenStates`). Otherwise
    (:func:`~conductor_pipeline.training.rollouts.engine_rollouts_blocker`) TRL generates.
 2. **Scoring** (``_get_per_token_logps_and_entropies``, overridden):
    :func:`~conductor_pipeline.training.fast_paths.grouped_completion_logps` runs each prompt
    once with gradients for its group, only the completion tokens on top, and the LM head on
-   real completion tokens only. The first pass over a batch records the hidden states
-   entering the first LoRA layer (:class:`FrozenStates`); the later passes over the same
-   rollouts start there. It checks that it applies and otherwise calls TRL's method (GPU,
+   real completion tokens only, starting at the first LoRA layer from the recorded states
+   (the layers below are frozen: they would compute the same states again). Rollouts that
+   TRL wrote are recorded by the first scoring pass over them. It checks that it applies and otherwise calls TRL's method (GPU,
    several processes, multimodal inputs, tools, gradient checkpointing, MoE auxiliary losses,
    scaled logits).
 
@@ -89,11 +90,13 @@ class ConductorGRPOTrainer(GRPOTrainer):
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
             super().__init__(*args, **kwargs)
         self.fast_path_calls = {"generation": 0, "scoring": 0}
-        self._frozen_states: FrozenStates | None = None  # the last scored batch's
+        # the hidden states entering the first LoRA layer of the step's rollouts (recorded
+        # while generating them, or by the first scoring pass over them)
+        self.frozen_states: FrozenStates | None = None
         # fixed now, while the adapter being trained is the active one: the reference pass
         # disables it (or switches to a "ref" copy), which changes which parameters require
         # gradients, not the layers below the adapter
-        self._frozen_layer = first_trainable_layer(self.accelerator.unwrap_model(self.model))
+        self.frozen_layer = first_trainable_layer(self.accelerator.unwrap_model(self.model))
 
     def _cpu_blocker(self) -> str | None:
         """Why grouped scoring cannot run here, or ``None``."""
@@ -139,7 +142,7 @@ class ConductorGRPOTrainer(GRPOTrainer):
             and all(value is None for value in extra.values())
             and self._scoring_blocker(unwrapped) is None
         ):
-            first = self._frozen_layer
+            first = self.frozen_layer
             record = FrozenStates(backbone_and_head(unwrapped)[0], first) if first else None
             try:
                 with self.accelerator.autocast():
@@ -152,11 +155,11 @@ class ConductorGRPOTrainer(GRPOTrainer):
                         compute_entropy=compute_entropy,
                         entropy_requires_grad=bool(self._entropy_bonus_enabled),
                         batch_size=batch_size,
-                        frozen=self._frozen_states,
+                        frozen=self.frozen_states,
                         record=record,
                     )
                 if record is not None and record.rollouts:  # this batch's states, recorded
-                    self._frozen_states = record
+                    self.frozen_states = record
                 self.fast_path_calls["scoring"] += 1
                 return logps, entropies, None
             except FastPathUnsupported:

@@ -150,10 +150,10 @@ class LocalPolicy:
                 # LoRA side products (about 13 % of a batch's time on one CPU thread)
                 model = PeftModel.from_pretrained(model, str(self.adapter_dir)).merge_and_unload()
             model.to(model_dtype(self.dtype))  # after the merge: the adapter folds in at float32
-            self.loaded_dtype = str(model.dtype).removeprefix("torch.")
             model.eval()
             use_grouped_attention(model)
             self._engine = LocalEngine.for_tokenizer(model, tokenizer)
+            self.loaded_dtype = self._engine.dtype_name
             self._model, self._tokenizer = model, tokenizer
 
     def _generate(

@@ -4,8 +4,6 @@ hidden states that enter a layer (:class:`FrozenStates`)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +18,6 @@ __all__ = [
     "backbone_and_head",
     "causal_mask",
     "first_trainable_layer",
-    "layer_inputs",
     "run_layers",
 ]
 
@@ -86,24 +83,6 @@ def run_layers(
             position_embeddings=position_embeddings,
         )
     return backbone.norm(hidden)
-
-
-@contextlib.contextmanager
-def layer_inputs(backbone: Any, index: int | None) -> Iterator[list[torch.Tensor]]:
-    """Collects the hidden states entering decoder layer ``index``, one tensor per call."""
-    seen: list[torch.Tensor] = []
-    if index is None:
-        yield seen
-        return
-
-    def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        seen.append((args[0] if args else kwargs["hidden_states"]).detach())
-
-    handle = backbone.layers[index].register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        yield seen
-    finally:
-        handle.remove()
 
 
 @dataclass

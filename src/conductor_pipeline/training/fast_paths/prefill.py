@@ -10,13 +10,12 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from conductor_pipeline.generation.kv_cache import KV, cache_from
-from conductor_pipeline.generation.local import common_prefix
+from conductor_pipeline.generation.local import common_prefix, layer_inputs
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
     backbone_and_head,
     causal_mask,
-    layer_inputs,
     run_layers,
 )
 

@@ -10,12 +10,12 @@ import torch
 
 from conductor_pipeline.generation.attention import grouped_attention
 from conductor_pipeline.generation.kv_cache import cache_from
+from conductor_pipeline.generation.local import layer_inputs
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
     backbone_and_head,
     causal_mask,
-    layer_inputs,
     run_layers,
 )
 from conductor_pipeline.training.fast_paths.prefill import group_rows, prompt_caches

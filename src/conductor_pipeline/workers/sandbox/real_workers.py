@@ -92,8 +92,8 @@ class RealWorkers:
         try:
             self._set_threads()
             self.model, self.tokenizer = load_smollm2(self.cache_dir, self.dtype)
-            self.loaded_dtype = str(self.model.dtype).removeprefix("torch.")
             self.engine = LocalEngine.for_tokenizer(self.model, self.tokenizer)
+            self.loaded_dtype = self.engine.dtype_name
             self.load_seconds = time.perf_counter() - started
             log.info("sandbox: SmolLM2 loaded in %.1f s (%s)", self.load_seconds, self.loaded_dtype)
         except Exception as exc:  # reported through /health
