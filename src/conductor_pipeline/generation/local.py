@@ -7,6 +7,10 @@ share (kept by :meth:`LocalEngine.keep_opening`), the recent replies that lookup
 guesses from, and one lock: one generation at a time (the model is shared and CPU threads
 are few). Every request, alone, batched or joining a running batch, goes through the one
 decode loop, :class:`~conductor_pipeline.generation.decode.BatchLookupDecoder`.
+
+For GRPO, a generation can also record the hidden states entering one decoder layer, row by
+row (:class:`LayerStates`): the trainer's scoring passes start there instead of running the
+frozen layers below the LoRA again (``training/rollouts.py``).
 """
 
 from __future__ import annotations
