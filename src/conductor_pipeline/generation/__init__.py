@@ -16,7 +16,7 @@ state (the kept prompt opening, recent replies, one generation at a time); ``bat
 one micro-batcher, gathering concurrent requests into batches (the API's and evaluation's).
 
 ``attention``: the one attention (transformers' SDPA with grouped key/value heads broadcast by
-the kernel, packed rows, rows decoding on a shared prompt); ``kv_cache``: cache layers that
+the kernel, packed rows); ``kv_cache``: cache layers that
 passes append into in place.
 
 Private hooks the engine and its callers rely on, checked against torch 2.13.0,

@@ -137,7 +137,7 @@ class BatchLookupDecoder:
         self.passes = 0  # decoding passes, prompt passes not counted
         self.prompt_passes = 0  # passes over the prompts of joining rows
         self.guessed = 0  # guessed tokens kept, all rows together
-        self.fed: list[tuple[Any, int]] = []  # the last pass: each row's key, tokens fed
+        self.fed_keys: list[Any] = []  # the rows of the last pass, in the order fed
         self._rows: list[_Row] = []
         self._done: list[_Row] = []
         self._cache: Any = None
@@ -169,9 +169,9 @@ class BatchLookupDecoder:
         pass. ``keys`` name the rows in :meth:`pop_finished`; row ``i`` draws at
         ``temperature`` (``<= 0``: greedy) and ``top_p`` from a generator seeded with
         ``seeds[i]``; ``history``: earlier replies to guess from. One pass over the prompts
-        draws each row's first token. (Feeding a joining row's prompt inside the writing rows' passes instead, a few
-        tokens a pass, was measured slower: the row then waits several passes for its first
-        token, and every row's latency grows.)"""
+        draws each row's first token. (Feeding a joining row's prompt inside the writing rows'
+        passes instead, a few tokens a pass, was measured slower: the row then waits several
+        passes for its first token, and every row's latency grows.)"""
         import torch
 
         prompt_of = list(range(input_ids.shape[0]) if prompt_of is None else prompt_of)
@@ -244,7 +244,7 @@ class BatchLookupDecoder:
             for row in self._rows
         ]
         fed = [[row.tokens[-1], *g] for row, g in zip(self._rows, guesses, strict=True)]
-        self.fed = [(row.key, len(f)) for row, f in zip(self._rows, fed, strict=True)]
+        self.fed_keys = [row.key for row in self._rows]
         width = max(len(f) for f in fed)
         new_columns = [[1] * len(f) + [0] * (width - len(f)) for f in fed]
         base = self._mask.shape[1]

@@ -108,7 +108,6 @@ class LayerStates:
     layer: int
     prompt: dict[Any, torch.Tensor] = field(default_factory=dict)
     fed: dict[Any, list[torch.Tensor]] = field(default_factory=dict)
-    seen: list[torch.Tensor] = field(default_factory=list)  # the hook's, per model call
     opening: torch.Tensor | None = None  # the kept opening's, when computed while recording
 
 
@@ -135,7 +134,10 @@ class LocalEngine:
             maxlen=0 if reduced else 32
         )
         self._draw_pool: Executor | None = None
-        self._record: LayerStates | None = None  # while a recording generation runs
+        # while a recording generation runs: where its states go, and the layer hook's
+        # states, one tensor per model call
+        self._record: LayerStates | None = None
+        self._seen: list[torch.Tensor] = []
 
     @property
     def dtype_name(self) -> str:
@@ -224,9 +226,7 @@ class LocalEngine:
             torch.inference_mode(),
             layer_inputs(self.model.get_decoder(), layer) as seen,
         ):
-            self._record = record
-            if record is not None:
-                record.seen = seen
+            self._record, self._seen = record, seen
             try:
                 while joining or decoder.rows:
                     if joining:
@@ -243,14 +243,14 @@ class LocalEngine:
                         if record is not None:
                             states = seen.pop()
                             states = states.reshape(-1, states.shape[-1])  # one token a row
-                            for (handle, _), state in zip(decoder.fed, states, strict=True):
+                            for handle, state in zip(decoder.fed_keys, states, strict=True):
                                 record.fed.setdefault(handle, []).append(state)
                     for handle, tokens in decoder.pop_finished():
                         self.recent_replies.appendleft(tokens)
                         done(handle, tokens, joined_at.pop(handle))
                     joining = list(more(decoder.rows))
             finally:
-                self._record = None
+                self._record, self._seen = None, []
         passes = decoder.passes + decoder.prompt_passes
         if single:
             self.forward_passes += passes
@@ -276,14 +276,14 @@ class LocalEngine:
         distinct: dict[tuple[int, ...], list[JoiningIds]] = {}
         for row in joining:
             distinct.setdefault(tuple(row[1]), []).append(row)
-        prompts = [list(ids) for ids in distinct]
+        prompts, rows_of = [list(ids) for ids in distinct], list(distinct.values())
         opening = self.shared_prefix(prompts)
         for group in length_groups([len(ids) - opening for ids in prompts]):
             input_ids, attention_mask, shared = self.padded([prompts[i] for i in group])
             if single and shared:
                 self.prefix_hits += 1
             cache = self.prefix_cache(prompts[group[0]][:shared], len(group)) if shared else None
-            rows = [(k, row) for k, i in enumerate(group) for row in distinct[tuple(prompts[i])]]
+            rows = [(k, row) for k, i in enumerate(group) for row in rows_of[i]]
             passes = decoder.prompt_passes
             decoder.join(
                 input_ids,
@@ -307,7 +307,7 @@ class LocalEngine:
         """The states of each row's prompt tokens: the kept opening's, then its own from the
         prompt pass just run (left-padded: its own tokens are the last columns)."""
         record = self._record
-        states = record.seen.pop()
+        states = self._seen.pop()
         if shared and (record.opening is None or len(record.opening) < shared):
             raise RuntimeError("LocalEngine: the prompt opening was kept before recording began")
         for k, (handle, _, _) in rows:
@@ -355,7 +355,7 @@ class LocalEngine:
         if self.prefix is None or self.prefix[0][: len(key)] != key:
             out = self.model(input_ids=torch.tensor([prefix]), use_cache=True)
             if self._record is not None:
-                self._record.opening = self._record.seen.pop()[0]
+                self._record.opening = self._seen.pop()[0]
             self.prefix = (
                 key,
                 [(layer.keys, layer.values) for layer in out.past_key_values.layers],
