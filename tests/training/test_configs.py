@@ -53,6 +53,8 @@ def test_defaults_are_valid():
         ({"bogus": 1}, "training: unknown key 'bogus'; known keys: "),
         ({"grpo": 3}, "training.grpo: must be a mapping"),
         ({"seed": True}, "training.seed: must be an integer"),
+        ({"grpo": {"bf16": "yes"}}, "training.grpo.bf16: bf16 must be true, false or auto"),
+        ({"grpo": {"bf16": 1.5}}, "training.grpo.bf16: must be true or false or a string, got 1.5"),
         (
             # the prompt is conductor.prompt, shared with evaluation and serving
             {"budget": {"max_steps": None}, "prompt": {"few_shot": 0}},
@@ -210,3 +212,28 @@ def test_planner_writes_a_short_instruction_when_workers_see_the_question():
     plan = planner.plan(task)
     subtask = parse_workflow(plan.text, 2).steps[0].subtask
     assert task.question not in subtask and subtask in SOLVE_WORDINGS
+
+
+@pytest.mark.parametrize(
+    ("setting", "use_cpu", "native", "expected"),
+    [
+        (True, True, False, True),  # asked for: emulated on this CPU, but done
+        (False, True, True, False),
+        ("auto", True, True, True),  # AMX or AVX512-BF16
+        ("auto", True, False, False),  # elsewhere bfloat16 is slower than float32
+    ],
+)
+def test_bf16_auto_follows_the_cpu(monkeypatch, setting, use_cpu, native, expected):
+    from conductor_pipeline.training import trainer_args
+    from conductor_pipeline.workers import local_model
+
+    monkeypatch.setattr(local_model, "native_bfloat16", lambda: native)
+    config = TrainingConfig.from_params({"grpo": {"bf16": setting}})
+    assert config.grpo.bf16 == setting
+    assert trainer_args.use_bf16(config.grpo.bf16, use_cpu) is expected
+    assert trainer_args.grpo_args(config, "/tmp/unused", use_cpu=use_cpu).bf16 is expected
+
+
+def test_sandbox_trains_in_bfloat16_where_the_cpu_multiplies_it():
+    assert _params("base")["grpo"]["bf16"] == "auto"
+    assert _params("gpu")["grpo"]["bf16"] is True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -87,18 +89,19 @@ def test_sft_examples_are_planner_replies_to_the_training_prompt():
 
 
 @pytest.mark.parametrize(
-    ("scheduler", "decays", "grouped", "sampling"),
+    ("scheduler", "decays", "grouped", "sampling", "bf16"),
     [
-        ("linear", True, True, "group_by_length"),
-        ("constant_with_warmup", False, False, "random"),
+        ("linear", True, True, "group_by_length", False),
+        ("constant_with_warmup", False, False, "random", True),
     ],
 )
 def test_sft_follows_the_configured_schedule_and_batching(
-    tiny_model_dir, tmp_path, monkeypatch, scheduler, decays, grouped, sampling
+    tiny_model_dir, tmp_path, monkeypatch, scheduler, decays, grouped, sampling, bf16
 ):
     """A real SFT run on the tiny model: the learning rate follows ``sft.lr_scheduler_type``
     and the batches are grouped by length or drawn in random order as
-    ``sft.grouped_batches`` says."""
+    ``sft.grouped_batches`` says. With ``grpo.bf16: true`` it computes in bfloat16 on the
+    CPU too (autocast) and still writes a float32 adapter."""
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -131,6 +134,7 @@ def test_sft_follows_the_configured_schedule_and_batching(
                 "max_length": 512,
             },
             "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+            "grpo": {"bf16": bf16},
         }
     )
     tasks = [make_task(i, i, 2) for i in range(8)]
@@ -149,6 +153,8 @@ def test_sft_follows_the_configured_schedule_and_batching(
     )
 
     assert built and built[0]["train_sampling_strategy"] == sampling
+    assert built[0]["bf16"] is bf16
+    assert all(math.isfinite(h["loss"]) for h in result.history)
     rates = [h["learning_rate"] for h in result.history]
     assert len(rates) == 6
     after_warmup = rates[2:]
@@ -157,6 +163,10 @@ def test_sft_follows_the_configured_schedule_and_batching(
     else:
         assert after_warmup == [pytest.approx(1e-3)] * len(after_warmup)
     assert (result.adapter_dir / "adapter_config.json").exists()
+    from safetensors.torch import load_file
+
+    weights = load_file(result.adapter_dir / "adapter_model.safetensors")
+    assert {str(w.dtype) for w in weights.values()} == {"torch.float32"}
 
 
 def test_sft_rejects_an_unknown_scheduler():

@@ -41,6 +41,9 @@ def build_dataclass(cls: type, data: Any, where: str, error: type[ValueError]) -
         raise error(f"{path}: {message}") from None
 
 
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def _coerce(hint: Any, value: Any, where: str, error: type[ValueError]) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -49,8 +52,17 @@ def _coerce(hint: Any, value: Any, where: str, error: type[ValueError]) -> Any:
             if type(None) in args:
                 return None
             raise error(f"{where}: must not be null")
+        # the first type that takes the value (``bool | str``: true, false or a word)
         non_null = [a for a in args if a is not type(None)]
-        return _coerce(non_null[0], value, where, error)
+        if len(non_null) == 1:
+            return _coerce(non_null[0], value, where, error)
+        for alternative in non_null:
+            try:
+                return _coerce(alternative, value, where, error)
+            except error:
+                continue
+        kinds = " or ".join(_KIND_NAMES.get(a, getattr(a, "__name__", str(a))) for a in non_null)
+        raise error(f"{where}: must be {kinds}, got {value!r}")
     if dataclasses.is_dataclass(hint):
         return build_dataclass(hint, value, where, error)
     if hint is bool:

@@ -29,7 +29,7 @@ from conductor_pipeline.training.artifacts import adapter_ready
 from conductor_pipeline.training.configs import SFTSettings, TrainingConfig
 from conductor_pipeline.training.models import load_base, num_layers
 from conductor_pipeline.training.planner import ReferencePlanner
-from conductor_pipeline.training.trainer_args import lora_config
+from conductor_pipeline.training.trainer_args import lora_config, use_bf16
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
 
 __all__ = [
@@ -211,7 +211,7 @@ def run_sft(
         seed=config.seed,
         data_seed=config.seed,
         use_cpu=use_cpu,
-        bf16=config.grpo.bf16 and not use_cpu,
+        bf16=use_bf16(config.grpo.bf16, use_cpu),
         gradient_checkpointing=config.grpo.gradient_checkpointing,
         disable_tqdm=True,  # our bar (training/progress.py) replaces the stock one
         dataloader_num_workers=0,

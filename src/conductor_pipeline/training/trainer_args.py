@@ -13,7 +13,7 @@ from typing import Any
 
 from conductor_pipeline.training.configs import TrainingConfig
 
-__all__ = ["grpo_args", "lora_config"]
+__all__ = ["grpo_args", "lora_config", "use_bf16"]
 
 
 def _world_size() -> int:
@@ -29,6 +29,22 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def use_bf16(setting: bool | str, use_cpu: bool) -> bool:
+    """Whether training computes in bfloat16 (autocast; the weights and the adapter stay
+    float32). ``setting`` is ``training.grpo.bf16``: ``true``, ``false``, or ``auto``: where
+    the hardware multiplies bfloat16, a CUDA GPU that supports it or a CPU with AMX or
+    AVX512-BF16 (elsewhere a CPU emulates it, slower than float32)."""
+    if setting != "auto":
+        return bool(setting)
+    if use_cpu:
+        from conductor_pipeline.workers.local_model import native_bfloat16
+
+        return native_bfloat16()
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
 def grpo_args(
     config: TrainingConfig,
     output_dir: str | Path,
@@ -42,8 +58,8 @@ def grpo_args(
 
     Batch: one optimizer step = ``prompts_per_step * num_generations`` completions,
     generated at once (``generation_batch_size``) and processed in micro-batches of
-    ``micro_batch_size`` per device with gradient accumulation. CPU: ``use_cpu``, fp32, no
-    gradient checkpointing, no vLLM. Reporting is off (``report_to="none"``): metrics go
+    ``micro_batch_size`` per device with gradient accumulation. Precision: :func:`use_bf16`.
+    CPU: ``use_cpu``, no gradient checkpointing, no vLLM. Reporting is off (``report_to="none"``): metrics go
     through :class:`MetricsCallback` so that TRL does not log its ~220 params to MLflow.
     ``overrides`` are extra ``GRPOConfig`` arguments that win (advanced use, tests).
     """
@@ -100,7 +116,7 @@ def grpo_args(
         seed=config.seed,
         data_seed=config.seed,
         use_cpu=use_cpu,
-        bf16=bool(g.bf16 and not use_cpu),
+        bf16=use_bf16(g.bf16, use_cpu),
         gradient_checkpointing=bool(g.gradient_checkpointing and not use_cpu),
         dataloader_num_workers=0,
         **kwargs,
