@@ -67,6 +67,43 @@ def test_a_cancelled_request_is_skipped_by_the_next_batch(held):
     assert held.batches == [["first"], ["kept"]] and workers.abandoned == 1
 
 
+def test_with_concurrency_two_a_second_batch_runs_while_the_first_is_held(held):
+    workers = RealWorkers(PROFILES.real, None, None, max_batch=8, concurrency=2)
+    first = _ask(workers, "first")
+    _wait_until(lambda: held.batches, "the first batch")
+    second = _ask(workers, "second")  # the other batcher takes it: the first is still held
+    assert second.result(10)[0] == "reply to second" and not first.done()
+    held.release.set()
+    assert first.result(10)[0] == "reply to first"
+    assert held.batches == [["first"], ["second"]]
+    with pytest.raises(ValueError, match="concurrency"):
+        RealWorkers(PROFILES.real, None, None, concurrency=0)
+
+
+def test_concurrent_batches_of_the_real_model_write_the_texts_each_writes_alone():
+    """Two batchers share the one loaded model, each with an engine of its own; a row's text
+    does not depend on the batch running beside it."""
+    import dataclasses
+
+    [real] = PROFILES.real
+    workers = RealWorkers(
+        [dataclasses.replace(real, dtype="float32")], None, 1, max_batch=2, concurrency=2
+    )
+    workers.start_loading()
+    assert workers.ready.wait(120) and workers.error is None, workers.error
+    assert len(workers.engines) == 2 and workers.engines[0] is not workers.engines[1]
+    chats = [[{"role": "user", "content": f"Name a colour and a number {i}."}] for i in range(4)]
+    alone = [
+        local_model.generate_chat_batch(
+            workers.model, workers.tokenizer, [chat], [12], [0.7], [i]
+        )[0][0]
+        for i, chat in enumerate(chats)
+    ]
+    futures = [workers.submit(chat, 12, 0.7, i) for i, chat in enumerate(chats)]
+    assert [f.result(120)[0] for f in futures] == alone
+    assert sum(workers.batch_sizes) == 4
+
+
 @pytest.fixture
 def sandbox(held) -> Iterator[tuple[str, RealWorkers]]:
     app = create_app(PROFILES, [], latency_scale=0.0, load_real_model=False)

@@ -90,6 +90,28 @@ def test_missing_task_files_say_to_prepare_data(tmp_path):
         pass
 
 
+def test_real_model_concurrency_below_one_is_refused_by_name(tasks_path, tmp_path):
+    config = sandbox_config(tasks_path)
+    config["sandbox"]["real_model_concurrency"] = 0
+    with (
+        pytest.raises(ValueError, match="worker_pool.sandbox.real_model_concurrency"),
+        open_worker_pool(config, root=tmp_path),
+    ):
+        pass
+
+
+def test_the_sandbox_server_runs_the_configured_real_model_concurrency(tasks_path):
+    import httpx
+
+    from conductor_pipeline.workers.sandbox.server import SandboxServer
+
+    with SandboxServer(
+        tasks_paths=[tasks_path], load_real_model=False, real_model_concurrency=2
+    ) as server:
+        health = httpx.get(f"{server.url}/health", timeout=30).json()
+    assert health["real_model_concurrency"] == 2
+
+
 def test_unknown_sandbox_worker_is_named(tasks_path, tmp_path):
     config = sandbox_config(tasks_path)
     config["sandbox"]["workers"] = ["sim-sage", "sim-nobody"]

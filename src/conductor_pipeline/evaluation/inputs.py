@@ -31,6 +31,7 @@ def pool_fingerprint(worker_pool_config: dict[str, Any], root: Path) -> str:
     profiles = sandbox.pop("profiles", None)
     sandbox.pop("tasks", None)
     sandbox.pop("torch_threads", None)
+    sandbox.pop("real_model_concurrency", None)
     relevant["sandbox"] = sandbox
     if profiles:
         path = Path(profiles) if Path(profiles).is_absolute() else root / profiles

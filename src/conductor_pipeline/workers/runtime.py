@@ -70,6 +70,7 @@ _SANDBOX_KEYS = {
     "load_real_model",
     "tasks",
     "torch_threads",
+    "real_model_concurrency",
 }
 _CACHE_MODES = ("read_write", "read_only", "off")
 
@@ -257,6 +258,11 @@ def _sandbox_entries(
         latency_scale=float(sandbox.get("latency_scale", 1.0)),
         load_real_model=bool(sandbox.get("load_real_model", True)),
         torch_threads=sandbox.get("torch_threads", 1),
+        real_model_concurrency=check_int(
+            sandbox.get("real_model_concurrency", 1),
+            "worker_pool.sandbox.real_model_concurrency",
+            minimum=1,
+        ),
     )
     stack.enter_context(server)
     entries = _select(server.pool_config(), sandbox.get("workers"))

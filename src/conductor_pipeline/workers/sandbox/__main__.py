@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="torch CPU threads for the real model (0 = torch's default; default %(default)s)",
     )
+    parser.add_argument(
+        "--real-model-concurrency",
+        type=int,
+        default=1,
+        help="real-model batches generating at once, a thread each (default %(default)s)",
+    )
     parser.add_argument("--port-file", default=None, help="write the bound port number here")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level")
     parser.add_argument(
@@ -82,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=args.log_level,
         torch_threads=args.torch_threads or None,
         parent_pid=args.parent_pid,
+        real_model_concurrency=args.real_model_concurrency,
     )
 
 

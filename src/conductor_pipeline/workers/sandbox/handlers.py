@@ -126,6 +126,7 @@ async def health(request: Request) -> JSONResponse:
             "real_model_batches": len(real.batch_sizes),
             "real_model_max_batch": max(real.batch_sizes, default=0),
             "real_model_abandoned": real.abandoned,
+            "real_model_concurrency": real.concurrency,  # batches generating at once
         }
     )
 

@@ -29,6 +29,15 @@ class RealWorkers:
     generation engine, which keeps earlier replies for its guesses when the model runs in
     float32; in bfloat16 it guesses from each request's own tokens only).
 
+    ``concurrency`` batches generate at once, each on a thread and an engine of its own over
+    the one model (its weights are only read), with ``torch_threads`` threads each. A
+    batch's passes are single-threaded work that never waits on another thread, so two
+    batches on one thread each keep two cores busy: on a 2-core CPU, two batches of 8 took
+    4.6 s together against 9.3 s one after the other, with the same texts. When the pipeline
+    computes on a core meanwhile, the three threads share the cores, instead of two threads
+    of one operation spinning while the other is descheduled (one batch on two torch threads
+    took 7.7 s then, against 4.4 s on one).
+
     A batch also holds at most ``max_batch_chars`` of prompt counted as if every row were as
     long as its longest (rows times the longest prompt's characters); the oldest request
     always goes into the next batch, the others wait if they would overflow it. Before the
@@ -45,7 +54,10 @@ class RealWorkers:
         torch_threads: int | None,
         max_batch: int = 8,
         max_batch_chars: int = 24_000,
+        concurrency: int = 1,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if max_batch_chars < 1:
@@ -64,9 +76,10 @@ class RealWorkers:
         self.torch_threads = torch_threads
         self.max_batch = max_batch
         self.max_batch_chars = max_batch_chars
+        self.concurrency = concurrency
         self.model: Any = None
         self.tokenizer: Any = None
-        self.engine: Any = None  # the generation engine on the loaded model
+        self.engines: list[Any] = []  # one generation engine per concurrent batch
         self.error: str | None = None
         self.ready = threading.Event()
         self.load_seconds: float | None = None
@@ -75,7 +88,7 @@ class RealWorkers:
         self._pending: list[tuple[list[dict[str, Any]], int, float, int, Future]] = []
         self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._batcher: threading.Thread | None = None
+        self._batchers: list[threading.Thread] = []
 
     def start_loading(self) -> None:
         if self._thread is None and not self.ready.is_set():
@@ -92,8 +105,11 @@ class RealWorkers:
         try:
             self._set_threads()
             self.model, self.tokenizer = load_smollm2(self.cache_dir, self.dtype)
-            self.engine = LocalEngine.for_tokenizer(self.model, self.tokenizer)
-            self.loaded_dtype = self.engine.dtype_name
+            self.engines = [
+                LocalEngine.for_tokenizer(self.model, self.tokenizer)
+                for _ in range(self.concurrency)
+            ]
+            self.loaded_dtype = self.engines[0].dtype_name
             self.load_seconds = time.perf_counter() - started
             log.info("sandbox: SmolLM2 loaded in %.1f s (%s)", self.load_seconds, self.loaded_dtype)
         except Exception as exc:  # reported through /health
@@ -108,16 +124,24 @@ class RealWorkers:
         """Queue one reply; the future resolves to ``(text, prompt_tokens, completion_tokens)``."""
         future: Future = Future()
         with self._wakeup:
-            if self._batcher is None:
-                self._batcher = threading.Thread(
-                    target=self._serve_batches, name="sandbox-model-batches", daemon=True
-                )
-                self._batcher.start()
+            if not self._batchers:
+                self._batchers = [
+                    threading.Thread(
+                        target=self._serve_batches,
+                        args=(k,),
+                        name=f"sandbox-model-batches-{k}",
+                        daemon=True,
+                    )
+                    for k in range(self.concurrency)
+                ]
+                for batcher in self._batchers:
+                    batcher.start()
             self._pending.append((messages, max_new_tokens, temperature, seed, future))
             self._wakeup.notify()
         return future
 
-    def _serve_batches(self) -> None:
+    def _serve_batches(self, k: int) -> None:
+        """Batcher ``k``: takes the next batch off the queue whenever its last one is done."""
         from conductor_pipeline.workers.local_model import generate_chat_batch
 
         self._set_threads()
@@ -142,7 +166,7 @@ class RealWorkers:
                     [b[1] for b in batch],
                     [b[2] for b in batch],
                     [b[3] for b in batch],
-                    engine=self.engine,
+                    engine=self.engines[k] if self.engines else None,
                 )
             except Exception as exc:  # each waiting request gets the error, the loop goes on
                 log.exception("sandbox: SmolLM2 generation failed for a batch of %d", len(batch))

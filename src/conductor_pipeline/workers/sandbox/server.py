@@ -90,6 +90,7 @@ def create_app(
     model_cache_dir: Path | None = None,
     torch_threads: int | None = 1,
     real_max_batch: int = 8,
+    real_model_concurrency: int = 1,
 ) -> FastAPI:
     """The sandbox's FastAPI app; its endpoints are ``workers.sandbox.handlers``.
 
@@ -100,7 +101,9 @@ def create_app(
     ``torch_threads`` caps torch's CPU threads in this process (default 1: the sandbox
     shares its cores with the pipeline, and on an oversubscribed 2-core machine SmolLM2 ran
     5-10x faster with one thread than with two); ``None`` leaves torch's default.
-    ``real_max_batch`` caps how many concurrent real-worker requests share one generation.
+    ``real_max_batch`` caps how many concurrent real-worker requests share one generation;
+    ``real_model_concurrency`` is how many such batches generate at once (each on a thread
+    of its own with ``torch_threads`` threads, :class:`RealWorkers`).
     """
     if latency_scale < 0:
         raise ValueError("latency_scale must be >= 0")
@@ -109,7 +112,13 @@ def create_app(
         profiles=profiles,
         index=index,
         sims={p.name: SimulatedWorker(p, index, base_seed=seed) for p in profiles.simulated},
-        real=RealWorkers(profiles.real, model_cache_dir, torch_threads, real_max_batch),
+        real=RealWorkers(
+            profiles.real,
+            model_cache_dir,
+            torch_threads,
+            real_max_batch,
+            concurrency=real_model_concurrency,
+        ),
         loading=load_real_model and bool(profiles.real),
         latency_scale=latency_scale,
     )
@@ -182,6 +191,7 @@ def serve(
     log_level: str = "warning",
     torch_threads: int | None = 1,
     parent_pid: int | None = None,
+    real_model_concurrency: int = 1,
 ) -> None:
     """Run the sandbox server in this process until interrupted (or, with ``parent_pid``,
     until that process is gone).
@@ -207,6 +217,7 @@ def serve(
         load_real_model=load_real_model,
         model_cache_dir=Path(model_cache_dir) if model_cache_dir else None,
         torch_threads=torch_threads,
+        real_model_concurrency=real_model_concurrency,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -269,6 +280,7 @@ class SandboxServer:
         startup_timeout_s: float = 300.0,
         log_path: str | Path | None = None,
         torch_threads: int | None = 1,
+        real_model_concurrency: int = 1,
     ) -> None:
         if isinstance(tasks_paths, str | Path):
             tasks_paths = [tasks_paths]
@@ -283,6 +295,7 @@ class SandboxServer:
         self.model_cache_dir = model_cache_dir
         self.startup_timeout_s = startup_timeout_s
         self.torch_threads = torch_threads
+        self.real_model_concurrency = real_model_concurrency
         self._log_path = Path(log_path) if log_path else None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -356,6 +369,7 @@ class SandboxServer:
         if self.model_cache_dir:
             cmd += ["--model-cache", str(self.model_cache_dir)]
         cmd += ["--torch-threads", str(self.torch_threads or 0), "--parent-pid", str(os.getpid())]
+        cmd += ["--real-model-concurrency", str(self.real_model_concurrency)]
         env = {**os.environ, **_OFFLINE_ENV, "PYTHONUNBUFFERED": "1"}
         self._log_handle = open(self._log_path, "wb")  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(
