@@ -127,7 +127,10 @@ class GRPOSettings:
         _check(self.beta >= 0, "beta must be >= 0")
         _check(self.epsilon > 0, "epsilon must be positive")
         _check(self.num_iterations >= 1, "num_iterations must be at least 1")
-        _check(self.bf16 in (True, False, "auto"), f"bf16 must be true, false or auto, got {self.bf16!r}")
+        _check(
+            self.bf16 in (True, False, "auto"),
+            f"bf16 must be true, false or auto, got {self.bf16!r}",
+        )
         _check(self.scale_rewards in SCALE_REWARDS, f"scale_rewards must be one of {SCALE_REWARDS}")
         _check(0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
         _check(self.save_steps >= 1, "save_steps must be at least 1")
