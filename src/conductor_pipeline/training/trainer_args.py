@@ -59,8 +59,9 @@ def grpo_args(
     Batch: one optimizer step = ``prompts_per_step * num_generations`` completions,
     generated at once (``generation_batch_size``) and processed in micro-batches of
     ``micro_batch_size`` per device with gradient accumulation. Precision: :func:`use_bf16`.
-    CPU: ``use_cpu``, no gradient checkpointing, no vLLM. Reporting is off (``report_to="none"``): metrics go
-    through :class:`MetricsCallback` so that TRL does not log its ~220 params to MLflow.
+    CPU: ``use_cpu``, no gradient checkpointing, no vLLM. Reporting is off
+    (``report_to="none"``): metrics go through :class:`MetricsCallback` so that TRL does not
+    log its ~220 params to MLflow.
     ``overrides`` are extra ``GRPOConfig`` arguments that win (advanced use, tests).
     """
     from trl import GRPOConfig
