@@ -268,6 +268,24 @@ def test_rollouts_come_from_the_engine_greedy_at_a_tiny_temperature_and_stop_lik
         assert ends == [len(completion) - 1] or (not ends and len(completion) == MAX_COMPLETION)
 
 
+def test_rollouts_draw_from_the_trainers_top_p_nucleus(trainer, monkeypatch):
+    """At temperature 1.0 a nucleus of one token leaves only the likeliest: greedy text. The
+    sandbox samples with top-p 0.95, so rollouts that ignored ``top_p`` would differ."""
+    texts = ["hello there", "a somewhat longer prompt for the second group of rollouts"]
+    repeated = [t for t in texts for _ in range(GROUP)]
+    monkeypatch.setattr(trainer, "temperature", 1.0)
+    monkeypatch.setattr(trainer, "top_p", 1e-6)
+    eos = list(trainer.eos_token_ids)
+    prompt_ids = [trainer.processing_class(text=t)["input_ids"] for t in texts]
+    greedy = [_greedy(trainer.model, p, eos) for p in prompt_ids]
+    out = trainer.rollout_func(repeated, trainer)
+    assert out["completion_ids"] == [greedy[i // GROUP] for i in range(len(repeated))]
+
+    monkeypatch.setattr(trainer, "top_p", 1.0)
+    sampled = trainer.rollout_func(repeated, trainer)["completion_ids"]
+    assert sampled != out["completion_ids"]  # the whole distribution: no longer greedy
+
+
 def test_trl_generates_where_the_engine_does_not_apply(trainer, tiny_model_dir):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
