@@ -240,16 +240,25 @@ def _greedy(model, prompt, eos):
     return out[: ends[0] + 1] if ends else out
 
 
+ROLLOUT_TEXTS = ["hello there", "a somewhat longer prompt for the second group of rollouts"]
+
+
+def _greedy_groups(trainer):
+    """``ROLLOUT_TEXTS`` repeated once per rollout of a group, their prompt ids and each
+    prompt's greedy completion."""
+    repeated = [t for t in ROLLOUT_TEXTS for _ in range(GROUP)]
+    eos = list(trainer.eos_token_ids)
+    prompt_ids = [trainer.processing_class(text=t)["input_ids"] for t in ROLLOUT_TEXTS]
+    return repeated, prompt_ids, [_greedy(trainer.model, p, eos) for p in prompt_ids]
+
+
 def test_rollouts_come_from_the_engine_greedy_at_a_tiny_temperature_and_stop_like_trl(
     trainer, monkeypatch
 ):
-    texts = ["hello there", "a somewhat longer prompt for the second group of rollouts"]
-    repeated = [t for t in texts for _ in range(GROUP)]
     assert trainer.rollout_func is engine_rollouts
     monkeypatch.setattr(trainer, "temperature", 1e-7)
     eos = list(trainer.eos_token_ids)
-    prompt_ids = [trainer.processing_class(text=t)["input_ids"] for t in texts]
-    greedy = [_greedy(trainer.model, p, eos) for p in prompt_ids]
+    repeated, prompt_ids, greedy = _greedy_groups(trainer)
     calls = trainer.fast_path_calls["generation"]
     out = trainer.rollout_func(repeated, trainer)
     assert trainer.fast_path_calls["generation"] == calls + 1 and out["logprobs"] is None
@@ -271,13 +280,9 @@ def test_rollouts_come_from_the_engine_greedy_at_a_tiny_temperature_and_stop_lik
 def test_rollouts_draw_from_the_trainers_top_p_nucleus(trainer, monkeypatch):
     """At temperature 1.0 a nucleus of one token leaves only the likeliest: greedy text. The
     sandbox samples with top-p 0.95, so rollouts that ignored ``top_p`` would differ."""
-    texts = ["hello there", "a somewhat longer prompt for the second group of rollouts"]
-    repeated = [t for t in texts for _ in range(GROUP)]
     monkeypatch.setattr(trainer, "temperature", 1.0)
     monkeypatch.setattr(trainer, "top_p", 1e-6)
-    eos = list(trainer.eos_token_ids)
-    prompt_ids = [trainer.processing_class(text=t)["input_ids"] for t in texts]
-    greedy = [_greedy(trainer.model, p, eos) for p in prompt_ids]
+    repeated, _, greedy = _greedy_groups(trainer)
     out = trainer.rollout_func(repeated, trainer)
     assert out["completion_ids"] == [greedy[i // GROUP] for i in range(len(repeated))]
 
