@@ -218,20 +218,35 @@ def test_a_local_policy_answers_single_requests_as_its_batches_do_and_learns_to_
         LocalPolicy(lookup_tokens=-1)
 
 
-@pytest.mark.parametrize(("dtype", "kept"), [("float32", 1), ("bfloat16", 0)])
-def test_only_a_float32_model_guesses_from_other_requests_replies(tiny_model_dir, dtype, kept):
-    """In bfloat16 a pass that checks guesses rounds differently from one-token passes often
-    enough to change a sampled token: guesses drawn from earlier replies would make a
-    request's text depend on the requests before it."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_policy_guesses_from_earlier_replies_in_either_precision(tiny_model_dir, dtype):
+    """Served Conductors keep their recent replies to guess from whatever the precision (in
+    bfloat16 that costs a request's independence from the requests before it, documented in
+    docs/serving.md); with ``lookup_tokens=0`` every pass writes one token, and a repeated
+    request writes the same text."""
     import asyncio
 
     from conductor_pipeline.workflow.policy import LocalPolicy
 
     policy = LocalPolicy(model_dir=tiny_model_dir, torch_threads=1, dtype=dtype)
-    first = asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
-    again = asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
-    assert first.text == again.text
-    assert len(policy._engine.recent_replies) == 2 * kept
+    asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
+    asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
+    assert len(policy._engine.recent_replies) == 2
+    plain = LocalPolicy(model_dir=tiny_model_dir, torch_threads=1, dtype=dtype, lookup_tokens=0)
+    first = asyncio.run(plain.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
+    again = asyncio.run(plain.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
+    assert first.text == again.text and first.completion_tokens > 0
+
+
+def test_an_engine_without_reply_history_keeps_no_replies(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from conductor_pipeline.generation.local import LocalEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = LocalEngine(model, eos_token_id=0, pad_token_id=0, reply_history=0)
+    engine.generate([[5, 6, 7, 8]], 0.7, 4, [1], max_guess=4)
+    assert len(engine.recent_replies) == 0
 
 
 def test_rows_repeating_a_prompt_share_its_prompt_pass_and_write_their_own_texts(tiny_model_dir):

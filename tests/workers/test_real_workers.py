@@ -92,6 +92,7 @@ def test_concurrent_batches_of_the_real_model_write_the_texts_each_writes_alone(
     workers.start_loading()
     assert workers.ready.wait(120) and workers.error is None, workers.error
     assert len(workers.engines) == 2 and workers.engines[0] is not workers.engines[1]
+    assert workers.engines[0].recent_replies.maxlen == 32  # float32: guesses from earlier replies
     chats = [[{"role": "user", "content": f"Name a colour and a number {i}."}] for i in range(4)]
     alone = [
         local_model.generate_chat_batch(workers.model, workers.tokenizer, [chat], [12], [0.7], [i])[

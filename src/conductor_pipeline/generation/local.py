@@ -118,21 +118,24 @@ class LocalEngine:
     (single requests that started from the kept opening), ``forward_passes`` (single
     requests' passes, prompts included), ``batch_forward_passes`` (the same for batches)."""
 
-    def __init__(self, model: Any, eos_token_id: int | Collection[int], pad_token_id: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        eos_token_id: int | Collection[int],
+        pad_token_id: int,
+        reply_history: int = 32,
+    ) -> None:
         self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
         # (token ids, their keys and values per layer)
         self.prefix: tuple[tuple[int, ...], list[tuple[Any, Any]]] | None = None
         self.lock = threading.Lock()
         self.prefix_hits = self.forward_passes = self.batch_forward_passes = 0
-        # recent replies (token ids) that lookup decoding guesses from. They change how fast
-        # a reply is written, and what it says only up to rounding: rarely a token in
-        # float32, often one in bfloat16 (a 12-token reply changed on an AVX512-BF16 CPU).
-        # So a reduced-precision model guesses from its request's own tokens only: a request
-        # then writes the same text whatever came before it (docs/serving.md, "Precision").
-        reduced = getattr(model, "dtype", torch.float32) != torch.float32
-        self.recent_replies: collections.deque[list[int]] = collections.deque(
-            maxlen=0 if reduced else 32
-        )
+        # the ``reply_history`` latest replies (token ids), which lookup decoding guesses
+        # from besides the request's own tokens. They change how fast a reply is written and,
+        # by rounding alone, what it says: a pass that checks guesses sums in another order
+        # than one-token passes, rarely enough to flip a token in float32, more often in
+        # bfloat16. 0 keeps a request's text independent of the requests before it.
+        self.recent_replies: collections.deque[list[int]] = collections.deque(maxlen=reply_history)
         self._draw_pool: Executor | None = None
         # while a recording generation runs: where its states go, and the layer hook's
         # states, one tensor per model call
@@ -145,11 +148,11 @@ class LocalEngine:
         return str(self.model.dtype).removeprefix("torch.")
 
     @classmethod
-    def for_tokenizer(cls, model: Any, tokenizer: Any) -> LocalEngine:
+    def for_tokenizer(cls, model: Any, tokenizer: Any, reply_history: int = 32) -> LocalEngine:
         """An engine on ``model`` with ``tokenizer``'s end token, padding with it when the
         tokenizer has no pad token."""
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        return cls(model, eos, eos if pad is None else pad)
+        return cls(model, eos, eos if pad is None else pad, reply_history)
 
     def keep_opening(self, rows: list[list[int]]) -> int:
         """Compute and keep the cache of the opening ``rows`` share (when long enough);

@@ -208,7 +208,7 @@ def generate_chat_batch(
 
     Rows go through the generation engine's decode loop
     (:class:`~conductor_pipeline.generation.local.LocalEngine`: packed passes, guesses
-    looked up in the prompt and, for a float32 model, in earlier replies), one batch per
+    looked up in the prompt and in the engine's recent replies), one batch per
     (temperature, token limit) among them. Each row draws with its own generator seeded with its seed, so a
     batch of one gives the text a row gets inside any batch (up to float rounding).
     ``engine``: a ``LocalEngine`` on ``model`` kept between calls (its earlier replies make

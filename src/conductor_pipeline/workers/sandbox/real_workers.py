@@ -26,8 +26,8 @@ class RealWorkers:
     ``max_batch`` rows), so concurrent callers share the model's forward passes: on one CPU
     core a batch of 8 replies of 32 tokens costs about as much as 3 single ones. Each row
     keeps its own seed, temperature and token limit (``generate_chat_batch``, through the
-    generation engine, which keeps earlier replies for its guesses when the model runs in
-    float32; in bfloat16 it guesses from each request's own tokens only).
+    generation engine; its guesses come from earlier replies too when the model runs in
+    float32, and from each request's own tokens only in bfloat16).
 
     ``concurrency`` batches generate at once, each on a thread and an engine of its own over
     the one model (its weights are only read), with ``torch_threads`` threads each. A
@@ -98,6 +98,8 @@ class RealWorkers:
             self._thread.start()
 
     def _load(self) -> None:
+        import torch
+
         from conductor_pipeline.generation.local import LocalEngine
         from conductor_pipeline.workers.local_model import load_smollm2
 
@@ -105,8 +107,12 @@ class RealWorkers:
         try:
             self._set_threads()
             self.model, self.tokenizer = load_smollm2(self.cache_dir, self.dtype)
+            # its replies are scored and cached: in bfloat16 they guess from each request's
+            # own tokens only, so that what a worker answers does not depend on the calls
+            # before it (float32 rounds alike often enough to keep earlier replies)
+            history = 32 if self.model.dtype == torch.float32 else 0
             self.engines = [
-                LocalEngine.for_tokenizer(self.model, self.tokenizer)
+                LocalEngine.for_tokenizer(self.model, self.tokenizer, history)
                 for _ in range(self.concurrency)
             ]
             self.loaded_dtype = self.engines[0].dtype_name
