@@ -88,6 +88,26 @@ def test_sft_examples_are_planner_replies_to_the_training_prompt():
         assert row["completion"][0]["content"] == planner.plan(task).text
 
 
+def test_with_model_id_last_the_examples_write_the_worker_ids_after_the_other_lists():
+    from conductor_pipeline.training.configs import SFTSettings
+    from conductor_pipeline.training.planner import ReferencePlanner
+    from conductor_pipeline.workflow import parse_workflow
+
+    from .fakes import make_task
+
+    tasks = [make_task(i, i, 2) for i in range(8)]
+    usual = ReferencePlanner(["a", "b", "c"], SFTSettings(), seed=3, question_to_workers=True)
+    last = ReferencePlanner(
+        ["a", "b", "c"], SFTSettings(model_id_last=True), seed=3, question_to_workers=True
+    )
+    for task in tasks:
+        plan, reordered = usual.plan(task), last.plan(task)
+        labels = [line.split(" = ")[0] for line in reordered.text.splitlines()[1:]]
+        assert labels == ["subtasks", "access_list", "model_id"]
+        assert parse_workflow(reordered.text, 3, positional_access=True) == plan.workflow
+        assert sorted(reordered.text.splitlines()) == sorted(plan.text.splitlines())
+
+
 @pytest.mark.parametrize(
     ("scheduler", "decays", "grouped", "sampling", "bf16"),
     [

@@ -238,7 +238,9 @@ class SFTSettings:
     scheduler name. ``grouped_batches``: batches of examples of similar length (in random
     order among themselves), padding a fifth fewer tokens than plain random batches; at a
     constant rate the last grouped batches decided which shapes the warm start wrote, so
-    keep it with a decaying schedule.
+    keep it with a decaying schedule. ``model_id_last``: the examples write the worker ids
+    after the subtasks and the access list, so that their count follows the shape already
+    written (docs/measurements.md, "The warm start at GRPO step 1").
     """
 
     enabled: bool = True
@@ -255,6 +257,7 @@ class SFTSettings:
     )
     max_parallel_attempts: int = 2
     subtask_wordings: int = 1
+    model_id_last: bool = False
     domain_workers: Mapping[str, str] = field(default_factory=dict)
     default_worker: str = "sim-sage"
     verifier_worker: str = "sim-sage"

@@ -75,11 +75,12 @@ class PlannedWorkflow:
     workflow: Workflow
     reasoning: str
     shape: str
+    ids_last: bool = False  # the worker ids written after the subtasks and access list
 
     @property
     def text(self) -> str:
         """The completion the Conductor is fine-tuned to produce."""
-        return f"{self.reasoning}\n{render_workflow(self.workflow)}"
+        return f"{self.reasoning}\n{render_workflow(self.workflow, self.ids_last)}"
 
 
 class ReferencePlanner:
@@ -151,4 +152,6 @@ class ReferencePlanner:
             aggregate = self._wording(AGGREGATE_WORDINGS, rng)
             steps.append(Step(last, aggregate, tuple(range(attempts))))
         reasoning = f"A {task.domain.replace('_', ' ')} question."
-        return PlannedWorkflow(task.id, Workflow(steps), reasoning, shape)
+        return PlannedWorkflow(
+            task.id, Workflow(steps), reasoning, shape, self.settings.model_id_last
+        )

@@ -455,13 +455,14 @@ def _render_access(access: Sequence[int], i: int, all_access: bool = False) -> s
     return "[" + ", ".join(str(j) for j in access) + "]"
 
 
-def render_workflow(workflow: Workflow) -> str:
+def render_workflow(workflow: Workflow, ids_last: bool = False) -> str:
     """The canonical text of a workflow: three labelled Python list literals.
 
     ``parse_workflow(render_workflow(wf), n)`` returns ``wf`` again (with
     ``allow_empty=True`` for the empty workflow). Access is written as ``"all"`` when a step
     sees every earlier step or is marked ``all_access`` (so a step 0 written as "all" keeps
-    that meaning), ``[]`` when it sees none, else as a position list.
+    that meaning), ``[]`` when it sees none, else as a position list. ``ids_last``: the
+    ``model_id`` list after the other two (the parser reads the lists in any order).
     """
     steps = workflow.steps
     model_id = "[" + ", ".join(str(s.worker) for s in steps) + "]"
@@ -471,4 +472,6 @@ def render_workflow(workflow: Workflow) -> str:
         + ", ".join(_render_access(s.access, i, s.all_access) for i, s in enumerate(steps))
         + "]"
     )
+    if ids_last:
+        return f"subtasks = {subtasks}\naccess_list = {access}\nmodel_id = {model_id}"
     return f"model_id = {model_id}\nsubtasks = {subtasks}\naccess_list = {access}"
