@@ -14,6 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
+from conductor_pipeline.generation.local import REPLY_HISTORY
 from conductor_pipeline.workers import local_model
 from conductor_pipeline.workers.sandbox import load_profiles
 from conductor_pipeline.workers.sandbox.profiles import default_profiles_path
@@ -92,7 +93,7 @@ def test_concurrent_batches_of_the_real_model_write_the_texts_each_writes_alone(
     workers.start_loading()
     assert workers.ready.wait(120) and workers.error is None, workers.error
     assert len(workers.engines) == 2 and workers.engines[0] is not workers.engines[1]
-    assert workers.engines[0].recent_replies.maxlen == 32  # float32: guesses from earlier replies
+    assert workers.engines[0].recent_replies.maxlen == REPLY_HISTORY  # float32: earlier replies
     chats = [[{"role": "user", "content": f"Name a colour and a number {i}."}] for i in range(4)]
     alone = [
         local_model.generate_chat_batch(workers.model, workers.tokenizer, [chat], [12], [0.7], [i])[
@@ -103,6 +104,19 @@ def test_concurrent_batches_of_the_real_model_write_the_texts_each_writes_alone(
     futures = [workers.submit(chat, 12, 0.7, i) for i, chat in enumerate(chats)]
     assert [f.result(120)[0] for f in futures] == alone
     assert sum(workers.batch_sizes) == 4
+
+
+def test_a_bfloat16_real_worker_guesses_from_each_requests_own_tokens_only():
+    """Its replies are scored and cached: in bfloat16 earlier replies would change them by
+    rounding, so its engines keep none."""
+    import dataclasses
+
+    [real] = PROFILES.real
+    workers = RealWorkers([dataclasses.replace(real, dtype="bfloat16")], None, 1)
+    workers.start_loading()
+    assert workers.ready.wait(120) and workers.error is None, workers.error
+    assert workers.loaded_dtype == "bfloat16"
+    assert workers.engines[0].recent_replies.maxlen == 0
 
 
 @pytest.fixture

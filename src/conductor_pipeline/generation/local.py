@@ -31,6 +31,7 @@ from conductor_pipeline.generation.kv_cache import cache_from
 
 __all__ = [
     "MIN_SHARED_PREFIX",
+    "REPLY_HISTORY",
     "LayerStates",
     "LocalEngine",
     "common_prefix",
@@ -40,6 +41,9 @@ __all__ = [
 
 # a shared opening shorter than this is not worth a separate cache
 MIN_SHARED_PREFIX = 32
+
+# recent replies an engine keeps for lookup guesses (see LocalEngine.__init__)
+REPLY_HISTORY = 32
 
 # a row joining a continuous batch: (the caller's handle, prompt token ids, seed)
 JoiningIds = tuple[Any, list[int], int]
@@ -123,7 +127,7 @@ class LocalEngine:
         model: Any,
         eos_token_id: int | Collection[int],
         pad_token_id: int,
-        reply_history: int = 32,
+        reply_history: int = REPLY_HISTORY,
     ) -> None:
         self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
         # (token ids, their keys and values per layer)
@@ -148,7 +152,9 @@ class LocalEngine:
         return str(self.model.dtype).removeprefix("torch.")
 
     @classmethod
-    def for_tokenizer(cls, model: Any, tokenizer: Any, reply_history: int = 32) -> LocalEngine:
+    def for_tokenizer(
+        cls, model: Any, tokenizer: Any, reply_history: int = REPLY_HISTORY
+    ) -> LocalEngine:
         """An engine on ``model`` with ``tokenizer``'s end token, padding with it when the
         tokenizer has no pad token."""
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id

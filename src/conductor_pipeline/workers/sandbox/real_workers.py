@@ -100,7 +100,7 @@ class RealWorkers:
     def _load(self) -> None:
         import torch
 
-        from conductor_pipeline.generation.local import LocalEngine
+        from conductor_pipeline.generation.local import REPLY_HISTORY, LocalEngine
         from conductor_pipeline.workers.local_model import load_smollm2
 
         started = time.perf_counter()
@@ -110,7 +110,7 @@ class RealWorkers:
             # its replies are scored and cached: in bfloat16 they guess from each request's
             # own tokens only, so that what a worker answers does not depend on the calls
             # before it (float32 rounds alike often enough to keep earlier replies)
-            history = 32 if self.model.dtype == torch.float32 else 0
+            history = REPLY_HISTORY if self.model.dtype == torch.float32 else 0
             self.engines = [
                 LocalEngine.for_tokenizer(self.model, self.tokenizer, history)
                 for _ in range(self.concurrency)
