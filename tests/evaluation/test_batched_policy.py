@@ -159,7 +159,7 @@ def test_rows_that_share_part_of_the_kept_opening_start_from_its_first_columns(t
 
     from transformers import AutoTokenizer
 
-    from conductor_pipeline.workers.local_model import encode_chat
+    from conductor_pipeline.generation.chat import encode_chat
 
     kept, hits, reply, alone = asyncio.run(go())
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

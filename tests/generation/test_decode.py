@@ -114,8 +114,8 @@ def _plain(model, tokenizer, messages, temperature, seed, max_new_tokens):
     import torch
     from transformers import DynamicCache
 
+    from conductor_pipeline.generation.chat import encode_chat
     from conductor_pipeline.generation.token_draw import draw_token, row_generator
-    from conductor_pipeline.workers.local_model import encode_chat
 
     ids, _ = encode_chat(tokenizer, messages)
     generator, tokens, cache, fed = row_generator(seed), [], DynamicCache(), ids
@@ -130,7 +130,7 @@ def _plain(model, tokenizer, messages, temperature, seed, max_new_tokens):
 
 
 def _lookup(model, tokenizer, messages, temperature, seed, max_new_tokens, history=()):
-    from conductor_pipeline.workers.local_model import encode_chat
+    from conductor_pipeline.generation.chat import encode_chat
 
     ids, _ = encode_chat(tokenizer, messages)
     return _one_row(model, tokenizer, ids, temperature, seed, max_new_tokens, history=history)
@@ -159,7 +159,7 @@ def test_a_cached_prompt_opening_and_the_token_limit_are_honoured(smollm2):
     import torch
     from transformers import DynamicCache
 
-    from conductor_pipeline.workers.local_model import encode_chat
+    from conductor_pipeline.generation.chat import encode_chat
 
     model, tokenizer = smollm2
     ids, _ = encode_chat(tokenizer, _MESSAGES)
@@ -177,7 +177,7 @@ def test_a_cached_prompt_opening_and_the_token_limit_are_honoured(smollm2):
 def test_the_head_projects_only_the_positions_a_draw_reads(smollm2):
     """The prompt's pass projects its last position onto the 49k-token vocabulary, not every
     prompt token; a guessing pass projects the newest token and the guess."""
-    from conductor_pipeline.workers.local_model import encode_chat
+    from conductor_pipeline.generation.chat import encode_chat
 
     model, tokenizer = smollm2
     ids, _ = encode_chat(tokenizer, _MESSAGES)
@@ -311,8 +311,8 @@ def _batch_conversations() -> list[list[dict[str, str]]]:
 
 def _prompt_groups(policy, conversations) -> list[list[int]]:
     """The groups of similar length in which the engine passes over these prompts."""
+    from conductor_pipeline.generation.chat import encode_chat
     from conductor_pipeline.generation.local import length_groups
-    from conductor_pipeline.workers.local_model import encode_chat
 
     rows = [encode_chat(policy._tokenizer, c)[0] for c in conversations]
     opening = policy._engine.shared_prefix(rows)
@@ -477,7 +477,7 @@ def test_packed_and_padded_passes_give_the_same_tokens(local_policy):
     writes the same tokens (and the packed pass really is the one used by default)."""
     import torch
 
-    from conductor_pipeline.workers.local_model import encode_chat
+    from conductor_pipeline.generation.chat import encode_chat
 
     policy = local_policy
     rows = [encode_chat(policy._tokenizer, c)[0] for c in _batch_conversations()]

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
+from conductor_pipeline.generation.chat import encode_chat
 from conductor_pipeline.training.configs import RewardConfig, TrainingConfig
 from conductor_pipeline.training.grpo import check_warm_start_prompt
 from conductor_pipeline.training.inputs import build_prompt_dataset
 from conductor_pipeline.training.rewards import ConductorReward, format_reward
-from conductor_pipeline.workers.local_model import encode_chat
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
 from conductor_pipeline.workflow.config import prompt_config
 

@@ -1,6 +1,6 @@
-"""The sandbox's real-worker batcher skips requests whose caller went away: a reply nobody
-waits for is never generated, so a caller's timeout and retry do not queue the same work
-twice behind a slow batch."""
+"""The sandbox's real-worker batcher: requests join a running batch with its settings, and
+requests whose caller went away are skipped (a reply nobody waits for is never generated,
+so a caller's timeout and retry do not queue the same work twice behind a slow batch)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
+from conductor_pipeline.generation.attention import supports_packed_rows
 from conductor_pipeline.generation.local import REPLY_HISTORY
 from conductor_pipeline.workers import local_model
 from conductor_pipeline.workers.sandbox import load_profiles
@@ -26,23 +27,35 @@ REAL = PROFILES.real[0].name
 
 
 class HeldGenerator:
-    """Stands in for ``generate_chat_batch``: the first batch waits for ``release``."""
+    """Stands in for ``chat_continuously``: the first batch waits for ``release``; a batch
+    takes joiners (``more``) only when ``joins`` is set."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.batches: list[list[str]] = []
+        self.joins = False
 
-    def __call__(self, model, tokenizer, chats, limits, temperatures, seeds, engine=None):
-        self.batches.append([chat[-1]["content"] for chat in chats])
+    def __call__(self, engine, tokenizer, first, temperature, limit, more, done, max_guess):
+        started = time.perf_counter()
+        rows = list(first)
+        self.batches.append([messages[-1]["content"] for _, messages, _ in rows])
         if len(self.batches) == 1:
             assert self.release.wait(30), "the test never released the first batch"
-        return [(f"reply to {chat[-1]['content']}", 3, 2) for chat in chats]
+        if self.joins:
+            joining = list(more(len(rows)))
+            self.batches[-1] += [messages[-1]["content"] for _, messages, _ in joining]
+            rows += joining
+        for handle, messages, _ in rows:
+            seconds = time.perf_counter() - started
+            done(handle, (f"reply to {messages[-1]['content']}", 3, 2, seconds))
 
 
 @pytest.fixture
 def held(monkeypatch) -> HeldGenerator:
+    from conductor_pipeline.generation import chat
+
     generator = HeldGenerator()
-    monkeypatch.setattr(local_model, "generate_chat_batch", generator)
+    monkeypatch.setattr(chat, "chat_continuously", generator)
     return generator
 
 
@@ -66,6 +79,24 @@ def test_a_cancelled_request_is_skipped_by_the_next_batch(held):
     held.release.set()
     assert first.result(10)[0] == "reply to first" and kept.result(10)[0] == "reply to kept"
     assert held.batches == [["first"], ["kept"]] and workers.abandoned == 1
+
+
+def test_requests_with_the_batchs_settings_join_it_while_it_writes(held):
+    held.joins = True
+    workers = RealWorkers(PROFILES.real, None, None, max_batch=3)
+    first = _ask(workers, "first")
+    _wait_until(lambda: held.batches, "the first batch")
+    other_limit = workers.submit([{"role": "user", "content": "longer"}], 16, 0.0, 0)
+    joiners = [_ask(workers, f"join {i}") for i in range(3)]
+    held.release.set()
+    assert [f.result(10)[0] for f in (first, *joiners)] == [
+        "reply to first",
+        *(f"reply to join {i}" for i in range(3)),
+    ]
+    assert other_limit.result(10)[0] == "reply to longer"
+    # two joiners fill the batch of 3; the other token limit and the third wait their turn
+    assert held.batches[0] == ["first", "join 0", "join 1"]
+    assert sorted(map(sorted, held.batches[1:])) == [["join 2"], ["longer"]]
 
 
 def test_with_concurrency_two_a_second_batch_runs_while_the_first_is_held(held):
@@ -117,6 +148,8 @@ def test_a_bfloat16_real_worker_guesses_from_each_requests_own_tokens_only():
     assert workers.ready.wait(120) and workers.error is None, workers.error
     assert workers.loaded_dtype == "bfloat16"
     assert workers.engines[0].recent_replies.maxlen == 0
+    # the engine's one attention, as the Conductor's: packed passes, grouped heads
+    assert supports_packed_rows(workers.model)
 
 
 @pytest.fixture
@@ -160,7 +193,7 @@ def test_a_caller_that_times_out_is_not_generated_for(sandbox, held):
     assert health["real_model_abandoned"] == 1 and health["real_model_batches"] == 1
 
 
-def test_a_slow_batch_is_logged_with_its_prompt_sizes(held, caplog):
+def test_a_slow_reply_is_logged_with_its_prompt_size(held, caplog):
     from conductor_pipeline.workers.sandbox import real_workers
 
     workers = RealWorkers(PROFILES.real, None, None, max_batch=8)
@@ -172,8 +205,8 @@ def test_a_slow_batch_is_logged_with_its_prompt_sizes(held, caplog):
         time.sleep(0.3)
         held.release.set()
         assert reply.result(10)[0] == "reply to one"
-        _wait_until(lambda: "SmolLM2 batch" in caplog.text, "the slow-batch warning")
-    assert "a SmolLM2 batch of 1 took" in caplog.text and "prompt tokens [3]" in caplog.text
+        _wait_until(lambda: "SmolLM2 reply" in caplog.text, "the slow-reply warning")
+    assert "a SmolLM2 reply took 0 s in a batch of 1 rows (prompt tokens 3)" in caplog.text
 
 
 def test_the_sandbox_server_dumps_its_threads_on_sigusr1(monkeypatch):
@@ -226,13 +259,16 @@ def test_a_long_prompt_does_not_pad_a_whole_batch_to_its_length():
         return [len(e[0][0]["content"]) for e in batch]
 
     # two rows padded to 10,000 characters fit; a third would not: the short ones wait
-    assert sizes(workers._take_batch()) == [600, 10_000]
-    assert sizes(workers._take_batch()) == [600] * 6 and workers._pending == []
+    assert sizes(workers._take(8, {})) == [600, 10_000]
+    assert sizes(workers._take(8, {})) == [600] * 6 and workers._pending == []
     workers._pending = [_entry(50_000), _entry(10)]
-    assert len(workers._take_batch()) == 1  # an oversized request still runs, alone
+    assert len(workers._take(8, {})) == 1  # an oversized request still runs, alone
+    # joining a batch that writes a 10,000-character row: one short row fits beside it
+    workers._pending = [_entry(600), _entry(600)]
+    assert len(workers._take(8, {1: 10_000}, (8, 0.7))) == 1 and len(workers._pending) == 1
     cancelled = _entry(10)
     cancelled[-1].cancel()
     workers._pending = [cancelled, _entry(10)]
-    assert len(workers._take_batch()) == 1 and workers.abandoned == 1
+    assert len(workers._take(8, {})) == 1 and workers.abandoned == 1
     with pytest.raises(ValueError, match="max_batch_chars"):
         RealWorkers(PROFILES.real, None, None, max_batch_chars=0)

@@ -12,8 +12,10 @@ sampling settings, never on the rows beside it).
 (TRL's ``rollout_func``: ``training/rollouts.py``) and of the sandbox's SmolLM2 worker
 (lookup decoding of a batch that rows join and leave; a single request is a batch of one
 row, rows repeating a prompt share its prompt pass); ``local``: a loaded model's generation
-state (the kept prompt opening, recent replies, one generation at a time); ``batching``: the
-one micro-batcher, gathering concurrent requests into batches (the API's and evaluation's).
+state (the kept prompt opening, recent replies, one generation at a time); ``chat``:
+conversations in, reply texts out, over the engine's continuous batch (the Conductor policy's
+and the real worker's); ``batching``: the one micro-batcher, gathering concurrent requests
+into batches (the API's and evaluation's).
 
 ``attention``: the one attention (transformers' SDPA with grouped key/value heads broadcast by
 the kernel, packed rows); ``kv_cache``: cache layers that

@@ -59,8 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# a conversation joining a continuous batch: (the caller's handle, messages, seed)
-JoiningRow = tuple[Any, list[dict[str, str]], int]
+from conductor_pipeline.generation.chat import JoiningRow
 
 
 @dataclass(frozen=True)

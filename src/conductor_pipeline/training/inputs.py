@@ -12,7 +12,6 @@ from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
 from conductor_pipeline.training.rewards import task_columns
-from conductor_pipeline.workers.local_model import encode_chat
 from conductor_pipeline.workers.pricing import pool_token_prices
 from conductor_pipeline.workers.types import WorkerCaller
 from conductor_pipeline.workflow import PromptConfig, conductor_messages
@@ -73,6 +72,8 @@ def interleave_domains(rows: Sequence[dict[str, Any]], *, seed: int) -> list[dic
 
 
 def _prompt_length(tokenizer: Any, messages: list[dict[str, str]]) -> int:
+    from conductor_pipeline.generation.chat import encode_chat  # torch: imported on use
+
     return len(encode_chat(tokenizer, messages)[0])
 
 

@@ -177,22 +177,6 @@ def native_bfloat16() -> bool:
     return bool(features.get("amx_bf16") or features.get("avx512_bf16"))
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], bool]:
-    """Token ids of a chat, and whether it ends in a prefilled assistant turn (which the
-    model continues instead of opening a new turn)."""
-    chat = [
-        {"role": m.get("role", "user"), "content": str(m.get("content") or "")} for m in messages
-    ]
-    prefilled = bool(chat) and chat[-1]["role"] == "assistant"
-    ids = tokenizer.apply_chat_template(
-        chat,
-        add_generation_prompt=not prefilled,
-        continue_final_message=prefilled,
-        return_dict=True,
-    )["input_ids"]
-    return list(ids), prefilled
-
-
 def generate_chat_batch(
     model: Any,
     tokenizer: Any,
@@ -206,14 +190,15 @@ def generate_chat_batch(
     """Generate one reply per conversation; returns ``(text, prompt_tokens,
     completion_tokens)`` per row.
 
-    Rows go through the generation engine's decode loop
-    (:class:`~conductor_pipeline.generation.local.LocalEngine`: packed passes, guesses
-    looked up in the prompt and in the engine's recent replies), one batch per
-    (temperature, token limit) among them. Each row draws with its own generator seeded with its seed, so a
-    batch of one gives the text a row gets inside any batch (up to float rounding).
-    ``engine``: a ``LocalEngine`` on ``model`` kept between calls (its earlier replies make
-    guesses better); ``None``: a fresh one. ``max_guess=0``: plain decoding, one token a pass.
+    Rows go through the generation engine (:func:`~conductor_pipeline.generation.chat.chat_batch`:
+    packed passes, guesses looked up in the prompt and in the engine's recent replies), one
+    batch per (temperature, token limit) among them. Each row draws with its own generator
+    seeded with its seed, so a batch of one gives the text a row gets inside any batch (up
+    to float rounding). ``engine``: a ``LocalEngine`` on ``model`` kept between calls (its
+    earlier replies make guesses better); ``None``: a fresh one. ``max_guess=0``: plain
+    decoding, one token a pass.
     """
+    from conductor_pipeline.generation.chat import chat_batch
     from conductor_pipeline.generation.local import LocalEngine
 
     n = len(conversations)
@@ -221,25 +206,22 @@ def generate_chat_batch(
         raise ValueError("generate_chat_batch: one limit, temperature and seed per conversation")
     if engine is None:
         engine = LocalEngine.for_tokenizer(model, tokenizer)
-    encoded = [encode_chat(tokenizer, messages) for messages in conversations]
     groups: dict[tuple[float, int], list[int]] = {}
     for i, (limit, temperature) in enumerate(zip(max_new_tokens, temperatures, strict=True)):
         groups.setdefault((float(temperature or 0.0), int(limit)), []).append(i)
-    new_ids: list[list[int]] = [[] for _ in range(n)]
+    results: list[tuple[str, int, int]] = [("", 0, 0)] * n
     for (temperature, limit), rows in groups.items():
-        replies = engine.generate(
-            [encoded[i][0] for i in rows],
+        replies = chat_batch(
+            engine,
+            tokenizer,
+            [conversations[i] for i in rows],
             temperature,
             limit,
             [int(seeds[i]) for i in rows],
-            max_guess=max_guess,
+            max_guess,
         )
-        for i, reply in zip(rows, replies, strict=True):
-            new_ids[i] = reply
-    results = []
-    for (ids, prefilled), new in zip(encoded, new_ids, strict=True):
-        text = tokenizer.decode(new, skip_special_tokens=True)  # the end token counts as generated
-        results.append((text.rstrip() if prefilled else text.strip(), len(ids), len(new)))
+        for i, (text, prompt_tokens, completion_tokens, _) in zip(rows, replies, strict=True):
+            results[i] = (text, prompt_tokens, completion_tokens)
     return results
 
 

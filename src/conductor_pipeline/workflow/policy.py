@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from conductor_pipeline.generation.batching import JoiningRow
+from conductor_pipeline.generation.chat import JoiningRow
 from conductor_pipeline.workers.local_model import MODEL_DTYPES
 from conductor_pipeline.workers.torch_thread import (
     default_torch_threads,
@@ -162,16 +162,19 @@ class LocalPolicy:
         """One reply, a batch of one row: the tokens plain decoding draws for ``seed``, several
         checked per forward pass when the reply repeats text seen before. A prompt that
         continues the kept opening (:meth:`warm_up`) prefills only its own tokens."""
+        from conductor_pipeline.generation.chat import encode_chat, reply_text
+
         self.load()
         self._set_threads()
-        ids, prefilled = self._encode(messages)
+        ids, prefilled = encode_chat(self._tokenizer, messages)
         if max_tokens < 1:
             return PolicyCompletion("", len(ids), 0, 0.0)
         start = time.perf_counter()
         tokens = self._engine.generate(
             [ids], temperature, int(max_tokens), [seed], self.lookup_tokens, single=True
         )[0]
-        return self._completion(tokens, len(ids), prefilled, time.perf_counter() - start)
+        text = reply_text(self._tokenizer, tokens, prefilled)
+        return PolicyCompletion(text, len(ids), len(tokens), time.perf_counter() - start)
 
     def warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int = 4) -> int:
         """Prepare for serving: load the model, keep the key/value cache of the opening that
@@ -187,7 +190,11 @@ class LocalPolicy:
     def _warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int) -> int:
         self.load()
         self._set_threads()
-        shared = self._engine.keep_opening([self._encode(m)[0] for m in conversations])
+        from conductor_pipeline.generation.chat import encode_chat
+
+        shared = self._engine.keep_opening(
+            [encode_chat(self._tokenizer, m)[0] for m in conversations]
+        )
         hits = self._engine.prefix_hits
         self._generate(conversations[0], 0.0, max_tokens, 0)
         self._engine.prefix_hits = hits  # the warm-up is not a served request
@@ -224,23 +231,23 @@ class LocalPolicy:
         max_tokens: int,
         seeds: list[int],
     ) -> list[PolicyCompletion]:
+        from conductor_pipeline.generation.chat import chat_batch
+
         self.load()
         self._set_threads()
-        encoded = [self._encode(messages) for messages in conversations]
         start = time.perf_counter()
-        replies = self._engine.generate(
-            [ids for ids, _ in encoded],
+        replies = chat_batch(
+            self._engine,
+            self._tokenizer,
+            conversations,
             temperature,
-            int(max_tokens),
+            max_tokens,
             seeds,
             self.lookup_tokens,
             self._draw_threads(),
         )
-        latency = time.perf_counter() - start
-        return [
-            self._completion(new, len(ids), prefilled, latency)  # new: with its end token
-            for new, (ids, prefilled) in zip(replies, encoded, strict=True)
-        ]
+        latency = time.perf_counter() - start  # the batch's
+        return [PolicyCompletion(text, p, c, latency) for text, p, c, _ in replies]
 
     async def complete_continuously(
         self,
@@ -275,45 +282,21 @@ class LocalPolicy:
         more: Callable[[int], list[JoiningRow]],
         done: Callable[[Any, PolicyCompletion], None],
     ) -> None:
+        from conductor_pipeline.generation.chat import chat_continuously
+
         self.load()
         self._set_threads()
-        # handle -> (prompt tokens, prefilled): what a completion needs besides its ids
-        writing: dict[Any, tuple[int, bool]] = {}
-
-        def encoded(joining: list[JoiningRow]) -> list[tuple[Any, list[int], int]]:
-            rows = []
-            for handle, messages, seed in joining:
-                ids, prefilled = self._encode(messages)
-                writing[handle] = (len(ids), prefilled)
-                rows.append((handle, ids, seed))
-            return rows
-
-        def finished(handle: Any, tokens: list[int], joined: float) -> None:
-            prompt_tokens, prefilled = writing.pop(handle)
-            latency = time.perf_counter() - joined
-            done(handle, self._completion(tokens, prompt_tokens, prefilled, latency))
-
-        self._engine.generate_continuously(
-            encoded(first),
+        chat_continuously(
+            self._engine,
+            self._tokenizer,
+            first,
             temperature,
-            int(max_tokens),
-            lambda rows: encoded(list(more(rows))),
-            finished,
+            max_tokens,
+            more,
+            lambda handle, reply: done(handle, PolicyCompletion(*reply)),
             self.lookup_tokens,
             self._draw_threads(),
         )
-
-    def _encode(self, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
-        from conductor_pipeline.workers.local_model import encode_chat
-
-        return encode_chat(self._tokenizer, messages)
-
-    def _completion(
-        self, tokens: list[int], prompt_tokens: int, prefilled: bool, latency: float
-    ) -> PolicyCompletion:
-        text = self._tokenizer.decode(tokens, skip_special_tokens=True)
-        text = text.rstrip() if prefilled else text.strip()
-        return PolicyCompletion(text, prompt_tokens, len(tokens), latency)
 
     def _draw_threads(self) -> Any:
         """Threads for a batch's rows to draw their tokens side by side (None with one CPU

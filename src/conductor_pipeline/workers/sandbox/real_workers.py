@@ -13,21 +13,30 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.workers.local_model import LOOKUP_TOKENS
 from conductor_pipeline.workers.sandbox.profiles import RealProfile
 from conductor_pipeline.workers.torch_thread import set_torch_threads
 
 log = logging.getLogger(__name__)
 
 
+# a queued request: (messages, token limit, temperature, seed, its reply's future)
+_Request = tuple[list[dict[str, Any]], int, float, int, Future]
+
+
 class RealWorkers:
     """Loads SmolLM2 in a background thread and answers its requests in batches.
 
-    Requests that arrive while a batch is generating wait for the next one (at most
-    ``max_batch`` rows), so concurrent callers share the model's forward passes: on one CPU
-    core a batch of 8 replies of 32 tokens costs about as much as 3 single ones. Each row
-    keeps its own seed, temperature and token limit (``generate_chat_batch``, through the
-    generation engine; its guesses come from earlier replies too when the model runs in
-    float32, and from each request's own tokens only in bfloat16).
+    A batch is continuous: the oldest queued request opens it, and queued requests with
+    its temperature and token limit join it between two decoding passes while it writes
+    fewer than ``max_batch`` rows; each reply is sent as soon as its row is done. Concurrent
+    callers so share the model's forward passes (on one CPU core a pass over 8 rows costs
+    little more than over one) without waiting for a whole batch to start or end. Each row
+    keeps its own seed (:func:`~conductor_pipeline.generation.chat.chat_continuously`, the
+    generation engine's; its guesses come from earlier replies too when the model runs in
+    float32, and from each request's own tokens only in bfloat16). Measured alone on 2
+    cores (docs/sandbox.md): 153 short questions, 32 tokens each, 8 in flight, took 61 s
+    this way against 77 s in batches that closed when they started; 16 in flight, 45 s.
 
     ``concurrency`` batches generate at once, each on a thread and an engine of its own over
     the one model (its weights are only read), with ``torch_threads`` threads each. A
@@ -40,11 +49,11 @@ class RealWorkers:
 
     A batch also holds at most ``max_batch_chars`` of prompt counted as if every row were as
     long as its longest (rows times the longest prompt's characters); the oldest request
-    always goes into the next batch, the others wait if they would overflow it. Before the
+    always opens the next batch, the others wait while they would overflow it. Before the
     engine passed over prompts in groups of similar length, one 2,800-token aggregation
     prompt padded seven short ones to its length: the batch took 135 s under make run's load,
     past every caller's 120 s timeout, and their retries formed the same batch again, and
-    again. The bound stays: a batch's rows still decode together until the last is done.
+    again. The bound stays: every decoding pass attends over the widest row's columns.
     """
 
     def __init__(
@@ -85,7 +94,7 @@ class RealWorkers:
         self.load_seconds: float | None = None
         self.batch_sizes: list[int] = []  # one entry per generate call, for tests and /health
         self.abandoned = 0  # queued requests whose caller went away before their batch
-        self._pending: list[tuple[list[dict[str, Any]], int, float, int, Future]] = []
+        self._pending: list[_Request] = []
         self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
         self._batchers: list[threading.Thread] = []
@@ -100,6 +109,7 @@ class RealWorkers:
     def _load(self) -> None:
         import torch
 
+        from conductor_pipeline.generation.attention import use_grouped_attention
         from conductor_pipeline.generation.local import REPLY_HISTORY, LocalEngine
         from conductor_pipeline.workers.local_model import load_smollm2
 
@@ -107,6 +117,9 @@ class RealWorkers:
         try:
             self._set_threads()
             self.model, self.tokenizer = load_smollm2(self.cache_dir, self.dtype)
+            # the engine's one attention, as a served Conductor's: packed decoding passes
+            # and key/value heads the kernel groups, instead of transformers' copies
+            use_grouped_attention(self.model)
             # its replies are scored and cached: in bfloat16 they guess from each request's
             # own tokens only, so that what a worker answers does not depend on the calls
             # before it (float32 rounds alike often enough to keep earlier replies)
@@ -147,73 +160,106 @@ class RealWorkers:
         return future
 
     def _serve_batches(self, k: int) -> None:
-        """Batcher ``k``: takes the next batch off the queue whenever its last one is done."""
-        from conductor_pipeline.workers.local_model import generate_chat_batch
-
+        """Batcher ``k``: whenever its last batch is done, the oldest queued request opens
+        the next one."""
         self._set_threads()
         while True:
             with self._wakeup:
                 while not self._pending:
                     self._wakeup.wait()
-                batch = self._take_batch()
-                if not batch:
-                    continue
-            started = time.perf_counter()
-            # a timer of this batch's own: faulthandler's dump_traceback_later is one timer
-            # per process, which any other batcher's end would cancel
-            watchdog = threading.Timer(self.slow_batch_s, _dump_stacks, (len(batch),))
-            watchdog.daemon = True
-            watchdog.start()
-            try:
-                replies = generate_chat_batch(
-                    self.model,
-                    self.tokenizer,
-                    [b[0] for b in batch],
-                    [b[1] for b in batch],
-                    [b[2] for b in batch],
-                    [b[3] for b in batch],
-                    engine=self.engines[k] if self.engines else None,
-                )
-            except Exception as exc:  # each waiting request gets the error, the loop goes on
-                log.exception("sandbox: SmolLM2 generation failed for a batch of %d", len(batch))
-                for *_, future in batch:
-                    future.set_exception(exc)
-                continue
-            finally:
-                watchdog.cancel()
-            self.batch_sizes.append(len(batch))
-            seconds = time.perf_counter() - started
+                first = self._take(self.max_batch, {})
+            if first:
+                self._generate(k, first)
+
+    def _generate(self, k: int, first: list[_Request]) -> None:
+        """One continuous batch on engine ``k``: ``first``, then the queued requests with its
+        temperature and token limit, joining between passes while it has room."""
+        from conductor_pipeline.generation import chat
+
+        temperature, limit = first[0][2], first[0][1]
+        writing = {id(entry[-1]): _prompt_chars(entry[0]) for entry in first}
+        members = list(first)
+        watchdog: list[threading.Timer] = []
+
+        def rearm() -> None:
+            # a timer of this batch's own, restarted whenever a row finishes: faulthandler's
+            # dump_traceback_later is one timer per process, which any other batcher would
+            # cancel
+            if watchdog:
+                watchdog.pop().cancel()
+            timer = threading.Timer(self.slow_batch_s, _dump_stacks, (len(writing),))
+            timer.daemon = True
+            timer.start()
+            watchdog.append(timer)
+
+        def more(rows: int) -> list[tuple[Future, list[dict[str, Any]], int]]:
+            with self._wakeup:
+                joining = self._take(self.max_batch - rows, writing, (limit, temperature))
+            members.extend(joining)
+            return [(entry[-1], entry[0], entry[3]) for entry in joining]
+
+        def done(future: Future, reply: tuple[str, int, int, float]) -> None:
+            text, prompt_tokens, completion_tokens, seconds = reply
+            rows = len(writing)
+            writing.pop(id(future), None)
+            rearm()
             if seconds > self.slow_batch_s:
-                prompt_tokens = [reply[1] for reply in replies]
                 log.warning(
-                    "sandbox: a SmolLM2 batch of %d took %.0f s (prompt tokens %s)",
-                    len(batch),
+                    "sandbox: a SmolLM2 reply took %.0f s in a batch of %d rows (prompt tokens %d)",
                     seconds,
+                    rows,
                     prompt_tokens,
                 )
-            for (*_, future), reply in zip(batch, replies, strict=True):
-                future.set_result(reply)
+            future.set_result((text, prompt_tokens, completion_tokens))
 
-    def _take_batch(self) -> list[tuple[list[dict[str, Any]], int, float, int, Future]]:
-        """The next batch from the queue (the caller holds ``_wakeup``): the oldest request,
-        then the next ones that keep the padded prompt within ``max_batch_chars``."""
-        batch: list[tuple[list[dict[str, Any]], int, float, int, Future]] = []
-        longest = 0
+        rearm()
+        try:
+            chat.chat_continuously(
+                self.engines[k] if self.engines else None,
+                self.tokenizer,
+                [(entry[-1], entry[0], entry[3]) for entry in first],
+                temperature,
+                limit,
+                more,
+                done,
+                LOOKUP_TOKENS,
+            )
+        except Exception as exc:  # each waiting request gets the error, the loop goes on
+            log.exception("sandbox: SmolLM2 generation failed for a batch of %d", len(members))
+            for *_, future in members:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            watchdog.pop().cancel()
+        self.batch_sizes.append(len(members))
+
+    def _take(
+        self, room: int, writing: dict[int, int], key: tuple[int, float] | None = None
+    ) -> list[_Request]:
+        """Queued requests for a batch (the caller holds ``_wakeup``), at most ``room``: with
+        no ``key``, the oldest request and the next ones with its token limit and temperature;
+        else those with ``key``'s. A request waits while it would push the padded prompt
+        (rows times the longest prompt's characters) past ``max_batch_chars``; ``writing``
+        holds the characters of the batch's rows (id of their future), joiners are added."""
+        taken: list[_Request] = []
         i = 0
-        while i < len(self._pending) and len(batch) < self.max_batch:
+        while i < len(self._pending) and len(taken) < room:
             entry = self._pending[i]
             size = _prompt_chars(entry[0])
-            if batch and max(longest, size) * (len(batch) + 1) > self.max_batch_chars:
+            padded = max([size, *writing.values()]) * (len(writing) + 1)
+            same = key is None or (entry[1], entry[2]) == key
+            if not same or (writing and padded > self.max_batch_chars):
                 i += 1  # waits for a later batch
                 continue
             self._pending.pop(i)
             # False: the request was cancelled (its caller went away) while queued
             if entry[-1].set_running_or_notify_cancel():
-                batch.append(entry)
-                longest = max(longest, size)
+                taken.append(entry)
+                writing[id(entry[-1])] = size
+                key = key or (entry[1], entry[2])
             else:
                 self.abandoned += 1
-        return batch
+        return taken
 
     def _set_threads(self) -> None:
         # Per calling thread: OpenMP keeps the thread count per thread, and generation runs
