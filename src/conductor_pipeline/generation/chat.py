@@ -106,26 +106,23 @@ def chat_batch(
     max_guess: int,
     draw_threads: Executor | None = None,
 ) -> list[ChatReply]:
-    """One reply per conversation, all in one batch (a batch of one is a single request:
-    every row draws from its own generator seeded with its seed, so its text does not
-    depend on the batch, up to float rounding)."""
+    """One reply per conversation, all in one batch, each timed as the batch (every row
+    draws from its own generator seeded with its seed, so its text does not depend on the
+    batch, up to float rounding)."""
     if len(seeds) != len(conversations):
         raise ValueError("chat_batch: one seed per conversation")
-    replies: list[Any] = [None] * len(conversations)
-
-    def done(row: int, reply: ChatReply) -> None:
-        replies[row] = reply
-
-    rows = [(i, *row) for i, row in enumerate(zip(conversations, seeds, strict=True))]
-    chat_continuously(
-        engine,
-        tokenizer,
-        rows,
-        temperature,
-        max_tokens,
-        lambda _: [],
-        done,
+    encoded = [encode_chat(tokenizer, messages) for messages in conversations]
+    start = time.perf_counter()
+    replies = engine.generate(
+        [ids for ids, _ in encoded],
+        float(temperature or 0.0),
+        int(max_tokens),
+        [int(seed) for seed in seeds],
         max_guess,
         draw_threads,
     )
-    return replies
+    seconds = time.perf_counter() - start
+    return [
+        (reply_text(tokenizer, new, prefilled), len(ids), len(new), seconds)
+        for new, (ids, prefilled) in zip(replies, encoded, strict=True)
+    ]

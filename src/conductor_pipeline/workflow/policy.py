@@ -60,8 +60,9 @@ class LocalPolicy:
     weights' precision (``float32``, ``bfloat16``, ``auto``: see :func:`model_dtype`).
     ``lookup_tokens``: the most tokens lookup decoding guesses a pass (0: one token a pass).
 
-    This class is the policy's chat side (templates, text, the torch thread); generation
-    itself, on token ids, is the engine's
+    This class loads the model and runs it on the torch thread; conversations become token
+    ids and texts in the engine's chat layer (:mod:`~conductor_pipeline.generation.chat`,
+    which the sandbox's real worker uses too), and generation itself is the engine's
     (:class:`~conductor_pipeline.generation.local.LocalEngine`), whose one decode loop serves
     single requests, batches and continuous batches alike.
 
@@ -235,7 +236,6 @@ class LocalPolicy:
 
         self.load()
         self._set_threads()
-        start = time.perf_counter()
         replies = chat_batch(
             self._engine,
             self._tokenizer,
@@ -246,8 +246,7 @@ class LocalPolicy:
             self.lookup_tokens,
             self._draw_threads(),
         )
-        latency = time.perf_counter() - start  # the batch's
-        return [PolicyCompletion(text, p, c, latency) for text, p, c, _ in replies]
+        return [PolicyCompletion(*reply) for reply in replies]  # latency: the batch's
 
     async def complete_continuously(
         self,
