@@ -83,20 +83,18 @@ def test_a_cancelled_request_is_skipped_by_the_next_batch(held):
 
 def test_requests_with_the_batchs_settings_join_it_while_it_writes(held):
     held.joins = True
-    workers = RealWorkers(PROFILES.real, None, None, max_batch=3)
+    workers = RealWorkers(PROFILES.real, None, None, max_batch=4)
     first = _ask(workers, "first")
     _wait_until(lambda: held.batches, "the first batch")
+    joiners = [_ask(workers, f"join {i}") for i in range(2)]
     other_limit = workers.submit([{"role": "user", "content": "longer"}], 16, 0.0, 0)
-    joiners = [_ask(workers, f"join {i}") for i in range(3)]
+    late = _ask(workers, "late")
     held.release.set()
-    assert [f.result(10)[0] for f in (first, *joiners)] == [
-        "reply to first",
-        *(f"reply to join {i}" for i in range(3)),
-    ]
-    assert other_limit.result(10)[0] == "reply to longer"
-    # two joiners fill the batch of 3; the other token limit and the third wait their turn
-    assert held.batches[0] == ["first", "join 0", "join 1"]
-    assert sorted(map(sorted, held.batches[1:])) == [["join 2"], ["longer"]]
+    replies = [f.result(10)[0] for f in (first, *joiners, other_limit, late)]
+    assert replies == [f"reply to {t}" for t in ("first", "join 0", "join 1", "longer", "late")]
+    # the batch has room for one more, but "late" queued behind another token limit: it
+    # waits, so that the other limit's request opens the next batch instead of starving
+    assert held.batches == [["first", "join 0", "join 1"], ["longer"], ["late"]]
 
 
 def test_with_concurrency_two_a_second_batch_runs_while_the_first_is_held(held):

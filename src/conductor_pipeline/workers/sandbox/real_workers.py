@@ -238,9 +238,12 @@ class RealWorkers:
     ) -> list[_Request]:
         """Queued requests for a batch (the caller holds ``_wakeup``), at most ``room``: with
         no ``key``, the oldest request and the next ones with its token limit and temperature;
-        else those with ``key``'s. A request waits while it would push the padded prompt
-        (rows times the longest prompt's characters) past ``max_batch_chars``; ``writing``
-        holds the characters of the batch's rows (id of their future), joiners are added."""
+        else, joining a running batch, those with ``key``'s queued before the first request
+        with other settings (which opens the next batch: joiners queued after it would keep
+        it waiting). A request waits while it would push the padded prompt (rows times the
+        longest prompt's characters) past ``max_batch_chars``; ``writing`` holds the
+        characters of the batch's rows (id of their future), joiners are added."""
+        joining = key is not None
         taken: list[_Request] = []
         i = 0
         while i < len(self._pending) and len(taken) < room:
@@ -248,6 +251,8 @@ class RealWorkers:
             size = _prompt_chars(entry[0])
             padded = max([size, *writing.values()]) * (len(writing) + 1)
             same = key is None or (entry[1], entry[2]) == key
+            if joining and not same:
+                break
             if not same or (writing and padded > self.max_batch_chars):
                 i += 1  # waits for a later batch
                 continue
