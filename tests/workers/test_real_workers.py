@@ -125,9 +125,7 @@ def test_concurrent_batches_of_the_real_model_write_the_texts_each_writes_alone(
     assert workers.engines[0].recent_replies.maxlen == REPLY_HISTORY  # float32: earlier replies
     chats = [[{"role": "user", "content": f"Name a colour and a number {i}."}] for i in range(4)]
     alone = [
-        local_model.generate_chat_batch(workers.model, workers.tokenizer, [chat], [12], [0.7], [i])[
-            0
-        ][0]
+        local_model.generate_chat(workers.model, workers.tokenizer, chat, 12, 0.7, i)[0]
         for i, chat in enumerate(chats)
     ]
     futures = [workers.submit(chat, 12, 0.7, i) for i, chat in enumerate(chats)]

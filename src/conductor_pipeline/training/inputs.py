@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor_pipeline.generation.chat import encode_chat
 from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.training.configs import TrainingConfig
@@ -72,8 +73,6 @@ def interleave_domains(rows: Sequence[dict[str, Any]], *, seed: int) -> list[dic
 
 
 def _prompt_length(tokenizer: Any, messages: list[dict[str, str]]) -> int:
-    from conductor_pipeline.generation.chat import encode_chat  # torch: imported on use
-
     return len(encode_chat(tokenizer, messages)[0])
 
 

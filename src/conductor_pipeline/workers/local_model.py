@@ -17,14 +17,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from conductor_pipeline.paths import find_project_root
-
-if TYPE_CHECKING:
-    from conductor_pipeline.generation.local import LocalEngine
 
 # guessed tokens a decoding pass checks (lookup decoding): a batch of 8 sandbox replies of 32
 # tokens took 7.7 s on one core with 8, 10.7 s with none (docs/measurements.md)
@@ -177,54 +174,6 @@ def native_bfloat16() -> bool:
     return bool(features.get("amx_bf16") or features.get("avx512_bf16"))
 
 
-def generate_chat_batch(
-    model: Any,
-    tokenizer: Any,
-    conversations: Sequence[list[dict[str, Any]]],
-    max_new_tokens: Sequence[int],
-    temperatures: Sequence[float],
-    seeds: Sequence[int],
-    engine: LocalEngine | None = None,
-    max_guess: int = LOOKUP_TOKENS,
-) -> list[tuple[str, int, int]]:
-    """Generate one reply per conversation; returns ``(text, prompt_tokens,
-    completion_tokens)`` per row.
-
-    Rows go through the generation engine (:func:`~conductor_pipeline.generation.chat.chat_batch`:
-    packed passes, guesses looked up in the prompt and in the engine's recent replies), one
-    batch per (temperature, token limit) among them. Each row draws with its own generator
-    seeded with its seed, so a batch of one gives the text a row gets inside any batch (up
-    to float rounding). ``engine``: a ``LocalEngine`` on ``model`` kept between calls (its
-    earlier replies make guesses better); ``None``: a fresh one. ``max_guess=0``: plain
-    decoding, one token a pass.
-    """
-    from conductor_pipeline.generation.chat import chat_batch
-    from conductor_pipeline.generation.local import LocalEngine
-
-    n = len(conversations)
-    if not (len(max_new_tokens) == len(temperatures) == len(seeds) == n):
-        raise ValueError("generate_chat_batch: one limit, temperature and seed per conversation")
-    if engine is None:
-        engine = LocalEngine.for_tokenizer(model, tokenizer)
-    groups: dict[tuple[float, int], list[int]] = {}
-    for i, (limit, temperature) in enumerate(zip(max_new_tokens, temperatures, strict=True)):
-        groups.setdefault((float(temperature or 0.0), int(limit)), []).append(i)
-    results: list[tuple[str, int, int]] = [("", 0, 0)] * n
-    for (temperature, limit), rows in groups.items():
-        replies = chat_batch(
-            engine,
-            tokenizer,
-            [conversations[i] for i in rows],
-            temperature,
-            limit,
-            [int(seeds[i]) for i in rows],
-            max_guess,
-        )
-        for i, (text, prompt_tokens, completion_tokens, _) in zip(rows, replies, strict=True):
-            results[i] = (text, prompt_tokens, completion_tokens)
-    return results
-
-
 def generate_chat(
     model: Any,
     tokenizer: Any,
@@ -237,11 +186,17 @@ def generate_chat(
     """Generate one assistant reply; returns ``(text, prompt_tokens, completion_tokens)``.
 
     ``temperature <= 0`` decodes greedily; otherwise samples from a generator seeded with
-    ``seed``, so the same inputs give the same text, alone or inside a batch.
+    ``seed``, so the same inputs give the same text, alone or inside a batch (the engine's
+    :func:`~conductor_pipeline.generation.chat.chat_batch`, on a fresh engine).
     """
-    return generate_chat_batch(
-        model, tokenizer, [messages], [max_new_tokens], [temperature], [seed], max_guess=max_guess
+    from conductor_pipeline.generation.chat import chat_batch
+    from conductor_pipeline.generation.local import LocalEngine
+
+    engine = LocalEngine.for_tokenizer(model, tokenizer)
+    text, prompt_tokens, completion_tokens, _ = chat_batch(
+        engine, tokenizer, [messages], temperature, max_new_tokens, [seed], max_guess
     )[0]
+    return text, prompt_tokens, completion_tokens
 
 
 def _main() -> None:  # pragma: no cover - a manual timing aid

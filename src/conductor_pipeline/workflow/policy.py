@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from conductor_pipeline.generation.chat import JoiningRow
+from conductor_pipeline.generation.chat import (
+    JoiningRow,
+    chat_batch,
+    chat_continuously,
+    encode_chat,
+    reply_text,
+)
 from conductor_pipeline.workers.local_model import MODEL_DTYPES
 from conductor_pipeline.workers.torch_thread import (
     default_torch_threads,
@@ -163,8 +169,6 @@ class LocalPolicy:
         """One reply, a batch of one row: the tokens plain decoding draws for ``seed``, several
         checked per forward pass when the reply repeats text seen before. A prompt that
         continues the kept opening (:meth:`warm_up`) prefills only its own tokens."""
-        from conductor_pipeline.generation.chat import encode_chat, reply_text
-
         self.load()
         self._set_threads()
         ids, prefilled = encode_chat(self._tokenizer, messages)
@@ -191,8 +195,6 @@ class LocalPolicy:
     def _warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int) -> int:
         self.load()
         self._set_threads()
-        from conductor_pipeline.generation.chat import encode_chat
-
         shared = self._engine.keep_opening(
             [encode_chat(self._tokenizer, m)[0] for m in conversations]
         )
@@ -232,8 +234,6 @@ class LocalPolicy:
         max_tokens: int,
         seeds: list[int],
     ) -> list[PolicyCompletion]:
-        from conductor_pipeline.generation.chat import chat_batch
-
         self.load()
         self._set_threads()
         replies = chat_batch(
@@ -281,8 +281,6 @@ class LocalPolicy:
         more: Callable[[int], list[JoiningRow]],
         done: Callable[[Any, PolicyCompletion], None],
     ) -> None:
-        from conductor_pipeline.generation.chat import chat_continuously
-
         self.load()
         self._set_threads()
         chat_continuously(

@@ -92,7 +92,7 @@ class RealWorkers:
         self.error: str | None = None
         self.ready = threading.Event()
         self.load_seconds: float | None = None
-        self.batch_sizes: list[int] = []  # one entry per generate call, for tests and /health
+        self.batch_sizes: list[int] = []  # rows each batch served, for tests and /health
         self.abandoned = 0  # queued requests whose caller went away before their batch
         self._pending: list[_Request] = []
         self._wakeup = threading.Condition()
@@ -167,17 +167,18 @@ class RealWorkers:
             with self._wakeup:
                 while not self._pending:
                     self._wakeup.wait()
-                first = self._take(self.max_batch, {})
+                writing: dict[int, int] = {}
+                first = self._take(self.max_batch, writing)
             if first:
-                self._generate(k, first)
+                self._generate(k, first, writing)
 
-    def _generate(self, k: int, first: list[_Request]) -> None:
+    def _generate(self, k: int, first: list[_Request], writing: dict[int, int]) -> None:
         """One continuous batch on engine ``k``: ``first``, then the queued requests with its
-        temperature and token limit, joining between passes while it has room."""
+        temperature and token limit, joining between passes while it has room. ``writing``:
+        the prompt characters of its rows, by id of their future (:meth:`_take`)."""
         from conductor_pipeline.generation import chat
 
         temperature, limit = first[0][2], first[0][1]
-        writing = {id(entry[-1]): _prompt_chars(entry[0]) for entry in first}
         members = list(first)
         watchdog: list[threading.Timer] = []
 
@@ -248,11 +249,11 @@ class RealWorkers:
         i = 0
         while i < len(self._pending) and len(taken) < room:
             entry = self._pending[i]
-            size = _prompt_chars(entry[0])
-            padded = max([size, *writing.values()]) * (len(writing) + 1)
             same = key is None or (entry[1], entry[2]) == key
             if joining and not same:
                 break
+            size = _prompt_chars(entry[0])
+            padded = max([size, *writing.values()]) * (len(writing) + 1)
             if not same or (writing and padded > self.max_batch_chars):
                 i += 1  # waits for a later batch
                 continue
