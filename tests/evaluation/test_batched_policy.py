@@ -1,4 +1,5 @@
-"""LocalPolicy.complete_many: batched generation that keeps each row's seed."""
+"""LocalPolicy's batches (``complete_continuously``): batched generation that keeps each row's
+seed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from conductor_pipeline.evaluation import batching_policy
 from conductor_pipeline.workflow import LocalPolicy
+from tests.local_batches import complete_batch
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Plan a workflow for: what is 2 + 2?"}],
@@ -32,11 +34,11 @@ def test_batched_rows_equal_one_at_a_time_and_ignore_their_batch(tiny_model_dir,
             await policy.complete(c, temperature=temperature, max_tokens=12, seed=s)
             for c, s in zip(CONVERSATIONS, seeds, strict=True)
         ]
-        batch = await policy.complete_many(
-            CONVERSATIONS, temperature=temperature, max_tokens=12, seeds=seeds
+        batch = await complete_batch(
+            policy, CONVERSATIONS, temperature=temperature, max_tokens=12, seeds=seeds
         )
-        alone = await policy.complete_many(
-            CONVERSATIONS[1:2], temperature=temperature, max_tokens=12, seeds=seeds[1:2]
+        alone = await complete_batch(
+            policy, CONVERSATIONS[1:2], temperature=temperature, max_tokens=12, seeds=seeds[1:2]
         )
         return single, batch, alone
 
@@ -45,8 +47,6 @@ def test_batched_rows_equal_one_at_a_time_and_ignore_their_batch(tiny_model_dir,
     assert [c.prompt_tokens for c in batch] == [c.prompt_tokens for c in single]
     assert [c.completion_tokens for c in batch] == [c.completion_tokens for c in single]
     assert alone[0].text == batch[1].text
-    with pytest.raises(ValueError, match="one seed"):
-        asyncio.run(policy.complete_many(CONVERSATIONS, temperature=0.0, max_tokens=4, seeds=[1]))
 
 
 def test_batching_wrapper_groups_concurrent_requests(tiny_model_dir):
@@ -61,7 +61,8 @@ def test_batching_wrapper_groups_concurrent_requests(tiny_model_dir):
         )
 
     out = asyncio.run(go())
-    assert len(out) == 3 and policy.stats.batch_sizes == [1, 2]
+    # two start the batch; the third joins it once a row has left
+    assert len(out) == 3 and policy.stats.batch_sizes == [2] and policy.stats.joined == 1
 
 
 OPENING = "You plan work for a team of workers and never answer yourself. " * 6
@@ -89,12 +90,12 @@ def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model_dir, t
             await policy.complete(c, temperature=temperature, max_tokens=10, seed=s)
             for c, s in zip(SHARED, seeds, strict=True)
         ]
-        batch = await policy.complete_many(
-            SHARED, temperature=temperature, max_tokens=10, seeds=seeds
+        batch = await complete_batch(
+            policy, SHARED, temperature=temperature, max_tokens=10, seeds=seeds
         )
         kept = policy._engine.prefix[0]
-        later = await policy.complete_many(
-            SHARED[1:2], temperature=temperature, max_tokens=10, seeds=seeds[1:2]
+        later = await complete_batch(
+            policy, SHARED[1:2], temperature=temperature, max_tokens=10, seeds=seeds[1:2]
         )
         return single, batch, kept, later
 
@@ -118,17 +119,19 @@ def test_the_kept_opening_is_never_written_to(tiny_model_dir):
         return [t.clone() for kv in policy._engine.prefix[1] for t in kv]
 
     async def go():
-        await policy.complete_many(SHARED, temperature=1.0, max_tokens=12, seeds=[1, 2, 3])
+        await complete_batch(policy, SHARED, temperature=1.0, max_tokens=12, seeds=[1, 2, 3])
         before = kept_tensors()
         for seed in range(3):
-            await policy.complete_many(
-                SHARED, temperature=1.0, max_tokens=12, seeds=[seed, seed + 5, seed + 9]
+            await complete_batch(
+                policy, SHARED, temperature=1.0, max_tokens=12, seeds=[seed, seed + 5, seed + 9]
             )
             await policy.complete(SHARED[0], temperature=1.0, max_tokens=12, seed=seed)
         return before
 
     before = asyncio.run(go())
-    assert policy.prefix_hits == 3
+    # each of the six later generations started from it (a batch once per group of
+    # prompts of similar length)
+    assert policy.prefix_hits >= 6
     after = kept_tensors()
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
@@ -150,7 +153,7 @@ def test_rows_that_share_part_of_the_kept_opening_start_from_its_first_columns(t
     fresh = LocalPolicy(model_dir=tiny_model_dir)
 
     async def go():
-        await policy.complete_many(question, temperature=1.0, max_tokens=6, seeds=[1, 2])
+        await complete_batch(policy, question, temperature=1.0, max_tokens=6, seeds=[1, 2])
         kept = policy._engine.prefix[0]
         hits = policy.prefix_hits
         reply = await policy.complete(other, temperature=1.0, max_tokens=6, seed=3)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from conductor_pipeline.generation.decode import BatchLookupDecoder, NgramIndex
+from tests.local_batches import complete_batch
 
 # -- guesses --------------------------------------------------------------------------------
 
@@ -207,7 +208,7 @@ def test_a_local_policy_answers_single_requests_as_its_batches_do_and_learns_to_
 
     policy = LocalPolicy(torch_threads=1)
     batched = asyncio.run(
-        policy.complete_many([_MESSAGES], temperature=0.7, max_tokens=40, seeds=[11])
+        complete_batch(policy, [_MESSAGES], temperature=0.7, max_tokens=40, seeds=[11])
     )[0]
     passes = policy.forward_passes
     single = asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=40, seed=11))
@@ -328,13 +329,13 @@ def test_batches_with_guesses_write_the_texts_of_plain_batches(local_policy, tem
 
     def run(lookup_tokens: int) -> tuple[list, int]:
         local_policy.lookup_tokens = lookup_tokens
-        before = local_policy.batch_forward_passes
+        before = local_policy.forward_passes
         out = asyncio.run(
-            local_policy.complete_many(
-                conversations, temperature=temperature, max_tokens=40, seeds=seeds
+            complete_batch(
+                local_policy, conversations, temperature=temperature, max_tokens=40, seeds=seeds
             )
         )
-        return out, local_policy.batch_forward_passes - before
+        return out, local_policy.forward_passes - before
 
     try:
         plain, plain_passes = run(0)
@@ -362,8 +363,8 @@ def test_rows_drawing_side_by_side_write_the_texts_of_rows_drawing_in_turn(
 
     def run() -> list:
         return asyncio.run(
-            local_policy.complete_many(
-                conversations, temperature=1.0, max_tokens=30, seeds=[4, 3, 2, 1, 0]
+            complete_batch(
+                local_policy, conversations, temperature=1.0, max_tokens=30, seeds=[4, 3, 2, 1, 0]
             )
         )
 
@@ -436,7 +437,7 @@ def test_a_batch_pass_feeds_and_projects_only_the_tokens_its_rows_were_fed(local
     # the opening these prompts share, kept first: other tests on this policy may have kept
     # another one, and computing it is a pass of its own (no mask, not a batch pass)
     asyncio.run(
-        policy.complete_many(_batch_conversations(), temperature=1.0, max_tokens=1, seeds=[1] * 5)
+        complete_batch(policy, _batch_conversations(), temperature=1.0, max_tokens=1, seeds=[1] * 5)
     )
     passes = []  # (tokens fed, rows x width of the padded layout)
     projected = []  # (dimensions of the head's input, positions it projects)
@@ -454,8 +455,12 @@ def test_a_batch_pass_feeds_and_projects_only_the_tokens_its_rows_were_fed(local
     ]
     try:
         asyncio.run(
-            policy.complete_many(
-                _batch_conversations(), temperature=1.0, max_tokens=30, seeds=[1, 2, 3, 4, 5]
+            complete_batch(
+                policy,
+                _batch_conversations(),
+                temperature=1.0,
+                max_tokens=30,
+                seeds=[1, 2, 3, 4, 5],
             )
         )
     finally:

@@ -1,7 +1,7 @@
 """A prompt, a seed and a temperature give one text whichever path generates it: GRPO
-rollouts (``ConductorGRPOTrainer``'s ``rollout_func`` on a CPU), ``conductor ask`` (``LocalPolicy.complete``), evaluation's batches and the
-API's micro-batcher (``LocalPolicy.complete_many``; the API's continuous batches give
-``complete``'s texts: tests/serving/test_batching.py). On the tiny random Llama, so that a
+rollouts (``ConductorGRPOTrainer``'s ``rollout_func`` on a CPU), ``conductor ask`` (``LocalPolicy.complete``), and the continuous
+batches of evaluation and the API (``LocalPolicy.complete_continuously``; rows joining a
+running batch: tests/serving/test_batching.py). On the tiny random Llama, so that a
 token is a near-uniform draw over the whole vocabulary: any difference in how a path draws
 shows at once."""
 
@@ -14,6 +14,7 @@ import torch
 
 from conductor_pipeline.training.models import conductor_trainer_class
 from conductor_pipeline.workflow.policy import LocalPolicy
+from tests.local_batches import complete_batch
 
 QUESTIONS = ["What is 2 + 3?", "Name a prime number larger than ten."]
 GROUP = 3  # rollouts per question
@@ -82,7 +83,8 @@ def test_rollouts_ask_and_batches_write_the_same_text(policy):
     }
     rows = list(reversed(rollouts))  # another order than the rollouts'
     batched = asyncio.run(
-        policy.complete_many(
+        complete_batch(
+            policy,
             [_messages(q) for q, _ in rows],
             temperature=TEMPERATURE,
             max_tokens=MAX_TOKENS,

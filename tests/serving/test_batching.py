@@ -27,16 +27,23 @@ from .test_app import KEY, ask, make_service, post
 
 
 class FakePolicy:
-    """Echoes each prompt and seed; records every call; ``hold`` keeps a batched call open
-    until set; a prompt ``boom`` makes its batch fail."""
+    """Echoes each prompt and seed in a batch that admits rows between passes; records every
+    batch (its first rows' seeds and settings) and how many rows were writing whenever rows
+    joined. A row needs ``passes`` passes (a prompt ``long`` waits for ``release``
+    instead); ``hold`` keeps the batch from its first pass until set; a prompt ``boom``
+    fails the batch."""
 
     name = "fake"
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[int], float, int]] = []
+    def __init__(self, passes: int = 1) -> None:
+        self.calls: list[tuple[list[int], float, int]] = []
         self.hold: asyncio.Event | None = None
         self.started = asyncio.Event()
         self.loaded = False
+        self.passes = passes
+        self.joins: list[tuple[int, int]] = []  # (rows writing, rows joining)
+        self.release = threading.Event()
+        self.release.set()
 
     def load(self) -> None:
         self.loaded = True
@@ -46,17 +53,36 @@ class FakePolicy:
         return PolicyCompletion(f"{messages[-1]['content']}#{seed}", 1, 1, 0.0)
 
     async def complete(self, messages, *, temperature, max_tokens, seed):  # noqa: ANN001, ANN201
-        self.calls.append(("one", [seed], temperature, max_tokens))
-        return self._reply(messages, seed)
+        raise AssertionError("the batcher answers every request in a batch")
 
-    async def complete_many(self, conversations, *, temperature, max_tokens, seeds):  # noqa: ANN001, ANN201
-        self.calls.append(("many", list(seeds), temperature, max_tokens))
+    async def complete_continuously(self, first, *, temperature, max_tokens, more, done):  # noqa: ANN001, ANN201
+        self.calls.append(([s for _, _, s in first], temperature, max_tokens))
         self.started.set()
         if self.hold is not None:
             await self.hold.wait()
-        if any(c[-1]["content"] == "boom" for c in conversations):
-            raise RuntimeError("the model ran out of memory")
-        return [self._reply(c, s) for c, s in zip(conversations, seeds, strict=True)]
+        await asyncio.to_thread(self._run, list(first), more, done)
+
+    def _run(self, joining, more, done) -> None:  # noqa: ANN001
+        import time
+
+        live: list[list] = []
+        while joining or live:
+            live += [[handle, messages, seed, 0] for handle, messages, seed in joining]
+            time.sleep(0.01)  # a pass
+            for row in list(live):
+                handle, messages, seed, passes = row
+                text = messages[-1]["content"]
+                if text == "boom":
+                    raise RuntimeError("the model ran out of memory")
+                row[3] = passes = passes + 1
+                if (text == "long" and self.release.is_set()) or (
+                    text != "long" and passes >= self.passes
+                ):
+                    live.remove(row)
+                    done(handle, self._reply(messages, seed))
+            joining = more(len(live))
+            if joining:
+                self.joins.append((len(live), len(joining)))
 
 
 def _msgs(text: str) -> list[dict[str, str]]:
@@ -76,7 +102,7 @@ def test_requests_waiting_together_share_one_batch_and_get_their_own_rows():
 
     out = asyncio.run(go())
     assert [c.text for c in out] == [f"q{i}#{100 + i}" for i in range(5)]
-    assert fake.calls == [("many", [100, 101, 102, 103, 104], 0.7, 16)]
+    assert fake.calls == [([100, 101, 102, 103, 104], 0.7, 16)]
     assert policy.stats.sizes == {5: 1} and policy.stats.rows == 5
 
 
@@ -95,31 +121,15 @@ def test_different_sampling_settings_are_generated_in_separate_batches():
 
     out = asyncio.run(go())
     assert [c.text for c in out] == ["a#1", "b#2", "c#3", "d#4", "e#5"]
-    # oldest group first; a group of one takes the single-request path
-    assert fake.calls == [
-        ("many", [1, 3], 0.7, 16),
-        ("many", [2, 5], 0.0, 16),
-        ("one", [4], 0.7, 64),
-    ]
-
-
-def test_max_batch_caps_a_batch_and_the_rest_follow():
-    fake = FakePolicy()
-    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=3, max_wait_ms=0))
-
-    async def go():
-        return await asyncio.gather(*(_ask(policy, f"q{i}", seed=i) for i in range(7)))
-
-    out = asyncio.run(go())
-    assert [c.text for c in out] == [f"q{i}#{i}" for i in range(7)]
-    assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1, 2], [3, 4, 5], [6]]
+    # oldest group first
+    assert fake.calls == [([1, 3], 0.7, 16), ([2, 5], 0.0, 16), ([4], 0.7, 64)]
 
 
 def test_a_lone_request_is_answered_when_the_window_closes():
     fake = FakePolicy()
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=30))
     out = asyncio.run(_ask(policy, "alone", 9))
-    assert out.text == "alone#9" and fake.calls == [("one", [9], 0.7, 16)]
+    assert out.text == "alone#9" and fake.calls == [([9], 0.7, 16)]
 
 
 def test_a_full_batch_does_not_wait_for_the_window():
@@ -135,7 +145,7 @@ def test_a_full_batch_does_not_wait_for_the_window():
     assert [c.text for c in asyncio.run(go())] == ["x#1", "y#2"]
 
 
-def test_requests_arriving_during_a_generation_form_the_next_batch():
+def test_requests_with_other_settings_arriving_during_a_batch_form_the_next_one():
     fake = FakePolicy()
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
 
@@ -143,7 +153,7 @@ def test_requests_arriving_during_a_generation_form_the_next_batch():
         fake.hold = asyncio.Event()
         first = [asyncio.create_task(_ask(policy, f"a{i}", i)) for i in range(2)]
         await fake.started.wait()  # the first batch is generating
-        later = [asyncio.create_task(_ask(policy, f"b{i}", 10 + i)) for i in range(3)]
+        later = [asyncio.create_task(_ask(policy, f"b{i}", 10 + i, 0.0)) for i in range(3)]
         await asyncio.sleep(0)
         assert policy.waiting == 3
         fake.hold.set()
@@ -151,7 +161,8 @@ def test_requests_arriving_during_a_generation_form_the_next_batch():
 
     out = asyncio.run(go())
     assert [c.text for c in out] == ["a0#0", "a1#1", "b0#10", "b1#11", "b2#12"]
-    assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1], [10, 11, 12]]
+    assert fake.calls == [([0, 1], 0.7, 16), ([10, 11, 12], 0.0, 16)]
+    assert policy.stats.joined == 0
 
 
 def test_a_failed_batch_fails_only_its_own_requests():
@@ -180,22 +191,25 @@ def test_a_failed_batch_fails_only_its_own_requests():
     assert [c.text for c in asyncio.run(after())] == ["again#5", "more#6"]
 
 
-def test_a_wrong_number_of_completions_is_an_error_not_a_misrouted_answer():
+def test_a_row_the_batch_never_answered_is_an_error_not_a_wait_forever():
     fake = FakePolicy()
 
-    async def short(conversations, **kwargs):  # noqa: ANN001, ANN003, ANN202
-        return [PolicyCompletion("only one", 1, 1, 0.0)]
+    async def answers_one(first, *, temperature, max_tokens, more, done):  # noqa: ANN001, ANN202
+        handle, messages, seed = first[0]
+        done(handle, fake._reply(messages, seed))
 
-    fake.complete_many = short
+    fake.complete_continuously = answers_one
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=0))
 
     async def go():
-        return await asyncio.gather(
-            _ask(policy, "a", 1), _ask(policy, "b", 2), return_exceptions=True
+        return await asyncio.wait_for(
+            asyncio.gather(_ask(policy, "a", 1), _ask(policy, "b", 2), return_exceptions=True),
+            timeout=30,
         )
 
-    for error in asyncio.run(go()):
-        assert isinstance(error, BatchGenerationError) and "1 completions for 2" in str(error)
+    answered, error = asyncio.run(go())
+    assert answered.text == "a#1"
+    assert isinstance(error, BatchGenerationError) and "without a reply" in str(error)
 
 
 def test_a_cancelled_request_leaves_its_batch_alone():
@@ -217,7 +231,8 @@ def test_a_cancelled_request_leaves_its_batch_alone():
     out = asyncio.run(go())
     assert isinstance(out[1], asyncio.CancelledError) and isinstance(out[3], asyncio.CancelledError)
     assert [out[i].text for i in (0, 2, 4, 5)] == ["r0#0", "r2#2", "q1#11", "q2#12"]
-    assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1, 2], [11, 12]]
+    # the two still queued joined the running batch; the cancelled one never did
+    assert fake.calls == [([0, 1, 2], 0.7, 16)] and policy.stats.joined == 2
 
 
 def test_the_batcher_starts_afresh_on_a_new_event_loop():
@@ -256,7 +271,7 @@ def test_only_a_policy_that_batches_is_wrapped_and_it_passes_load_through():
     assert isinstance(wrapped, MicroBatchingPolicy) and wrapped.name == "fake"
     wrapped.load()
     assert fake.loaded and wrapped.warm_up is None
-    with pytest.raises(ValueError, match="complete_many"):
+    with pytest.raises(ValueError, match="complete_continuously"):
         MicroBatchingPolicy(scripted)
     # what `conductor serve` builds from conductor.policy (nothing is loaded here)
     local = in_process_policy({"kind": "local"}, None, ServingSettings())
@@ -270,21 +285,25 @@ def test_only_a_policy_that_batches_is_wrapped_and_it_passes_load_through():
 
 
 class ScriptedBatches(ScriptedPolicy):
-    """The scripted rule with ``complete_many``; counts rows per batched call."""
+    """The scripted rule in continuous batches; counts the rows of each pass."""
 
     def __init__(self) -> None:
         super().__init__(worker=1)
         self.batches: list[int] = []
         self.lock = threading.Lock()
 
-    async def complete_many(self, conversations, *, temperature, max_tokens, seeds):  # noqa: ANN001, ANN201
-        with self.lock:
-            self.batches.append(len(conversations))
-        await asyncio.sleep(0.05)  # a generation long enough for others to queue behind it
-        return [
-            await self.complete(c, temperature=temperature, max_tokens=max_tokens, seed=s)
-            for c, s in zip(conversations, seeds, strict=True)
-        ]
+    async def complete_continuously(self, first, *, temperature, max_tokens, more, done):  # noqa: ANN001, ANN201
+        joining = list(first)
+        while joining:
+            with self.lock:
+                self.batches.append(len(joining))
+            await asyncio.sleep(0.05)  # a generation long enough for others to queue behind it
+            for handle, messages, seed in joining:
+                reply = await self.complete(
+                    messages, temperature=temperature, max_tokens=max_tokens, seed=seed
+                )
+                done(handle, reply)
+            joining = more(0)
 
 
 def test_concurrent_api_requests_share_batches():
@@ -314,7 +333,7 @@ def test_concurrent_api_requests_share_batches():
     for i, response in enumerate(responses):
         steps = response.json()["conductor"]["steps"]
         assert steps[0]["subtask"] == f"What is {i} + {i}?"  # each got its own workflow
-    assert sum(inner.batches) + policy.stats.sizes.get(1, 0) == policy.stats.rows == 13
+    assert sum(inner.batches) == policy.stats.rows == 13
     assert policy.stats.batches < 12  # fewer generate calls than requests
 
 
@@ -424,12 +443,20 @@ def test_real_policy_rows_leave_the_batch_when_they_end(smollm2, monkeypatch):
     hook = smollm2._model.get_decoder().register_forward_pre_hook(
         lambda _, args, kwargs: fed.append(kwargs["input_ids"].shape), with_kwargs=True
     )
+    batch: dict[int, PolicyCompletion] = {}
     try:
-        batch = asyncio.run(
-            smollm2.complete_many(conversations, temperature=0.0, max_tokens=24, seeds=seeds)
+        asyncio.run(
+            smollm2.complete_continuously(
+                [(i, c, s) for i, (c, s) in enumerate(zip(conversations, seeds, strict=True))],
+                temperature=0.0,
+                max_tokens=24,
+                more=lambda _: [],
+                done=batch.__setitem__,
+            )
         )
     finally:
         hook.remove()
+    batch = [batch[i] for i in range(len(conversations))]
     assert [c.text for c in batch] == [c.text for c in single]
     assert [c.completion_tokens for c in batch] == lengths
     # after the prefill: one token a pass for each row still writing (packed: no pads)
@@ -466,7 +493,7 @@ def test_the_concurrency_benchmark_reports_each_client_count():
     assert (one["requests"], four["requests"]) == (3, 8)
     assert one["status_counts"] == {"200": 3} and four["status_counts"] == {"200": 8}
     assert one["batch_sizes"] == {"1": 3}  # one client never shares a batch
-    assert sum(int(n) * c for n, c in four["batch_sizes"].items()) == 8
+    assert sum(int(n) * c for n, c in four["batch_sizes"].items()) + four["joined_rows"] == 8
     for case in (one, four):
         assert case["throughput_rps"] > 0 and 0 < case["latency_p50_s"] <= case["latency_p95_s"]
         assert case["first_round_s"] > 0  # the unmeasured first round, reported apart
@@ -489,13 +516,13 @@ def test_the_window_is_skipped_only_for_a_lone_request():
     policy._last_rows = 3  # right after a batch of several, their clients come back
     assert not policy._alone()
 
-    async def lone():  # answered within a few turns of the loop, not after the 10 s window
+    async def lone():  # its batch starts at once, not after the 10 s window
         policy._last_rows = 1
         task = asyncio.create_task(_ask(policy, "solo", 4))
         for _ in range(10):
             await asyncio.sleep(0)
-        assert task.done()
-        return task.result()
+        assert fake.calls == [([4], 0.7, 16)]
+        return await task
 
     assert asyncio.run(lone()).text == "solo#4"
 
@@ -522,8 +549,8 @@ def test_the_server_tells_the_batcher_how_many_requests_are_in_flight():
 
 
 def test_after_a_batch_of_several_the_window_waits_for_their_clients():
-    """A request that has waited through a whole generation does not start the next batch
-    alone: the window counts from the end of the batch of several rows before it."""
+    """A request that comes after a batch of several rows has ended does not start the next
+    batch alone: the window counts from that batch's end, however long it waited before."""
     fake = FakePolicy()
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=3, max_wait_ms=10_000))
 
@@ -532,14 +559,10 @@ def test_after_a_batch_of_several_the_window_waits_for_their_clients():
             await asyncio.sleep(0)
 
     async def go():
-        fake.hold = asyncio.Event()
-        first = [asyncio.create_task(_ask(policy, f"a{i}", i)) for i in range(3)]  # full
-        await fake.started.wait()
+        await asyncio.gather(*(_ask(policy, f"a{i}", i) for i in range(3)))  # full
         late = asyncio.create_task(_ask(policy, "b0", 10))
         await turns()
-        policy._queue[0].arrived -= 3600  # as if the generation had taken an hour
-        fake.hold.set()
-        await asyncio.gather(*first)
+        policy._queue[0].arrived -= 3600  # as if it had waited an hour
         await turns()
         assert not late.done() and len(fake.calls) == 1  # waits for the others to return
         more = [asyncio.create_task(_ask(policy, f"b{i}", 10 + i)) for i in (1, 2)]
@@ -547,54 +570,14 @@ def test_after_a_batch_of_several_the_window_waits_for_their_clients():
 
     out = asyncio.run(go())
     assert [c.text for c in out] == ["b0#10", "b1#11", "b2#12"]
-    assert [seeds for _, seeds, _, _ in fake.calls] == [[0, 1, 2], [10, 11, 12]]
+    assert fake.calls == [([0, 1, 2], 0.7, 16), ([10, 11, 12], 0.7, 16)]
 
 
 # --- continuous batching: requests join a batch that is generating -------------------------
 
 
-class FakeContinuous(FakePolicy):
-    """A policy whose batch admits rows between passes: a row needs ``passes`` passes (a
-    prompt ``long`` waits for ``release`` instead); ``boom`` fails the batch mid-way.
-    Records how many rows were writing whenever rows joined."""
-
-    def __init__(self, passes: int = 3) -> None:
-        super().__init__()
-        self.passes = passes
-        self.joins: list[tuple[int, int]] = []  # (rows writing, rows joining)
-        self.release = threading.Event()
-        self.release.set()
-
-    async def complete_continuously(self, first, *, temperature, max_tokens, more, done):  # noqa: ANN001, ANN201
-        self.calls.append(("continuous", [s for _, _, s in first], temperature, max_tokens))
-        self.started.set()
-        await asyncio.to_thread(self._run, list(first), more, done)
-
-    def _run(self, joining, more, done) -> None:  # noqa: ANN001
-        import time
-
-        live: list[list] = []
-        while joining or live:
-            live += [[handle, messages, seed, 0] for handle, messages, seed in joining]
-            time.sleep(0.01)  # a pass
-            for row in list(live):
-                handle, messages, seed, passes = row
-                text = messages[-1]["content"]
-                if text == "boom":
-                    raise RuntimeError("the model ran out of memory")
-                row[3] = passes = passes + 1
-                if (text == "long" and self.release.is_set()) or (
-                    text != "long" and passes >= self.passes
-                ):
-                    live.remove(row)
-                    done(handle, self._reply(messages, seed))
-            joining = more(len(live))
-            if joining:
-                self.joins.append((len(live), len(joining)))
-
-
 def test_requests_arriving_during_a_continuous_batch_join_it_and_leave_when_done():
-    fake = FakeContinuous()
+    fake = FakePolicy(passes=3)
     fake.release.clear()
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
 
@@ -611,13 +594,13 @@ def test_requests_arriving_during_a_continuous_batch_join_it_and_leave_when_done
 
     out = asyncio.run(go())
     assert [c.text for c in out] == ["long#1", "a#2", "b0#10", "b1#11", "b2#12"]
-    assert fake.calls == [("continuous", [1, 2], 0.7, 16)]  # one batch for all five
+    assert fake.calls == [([1, 2], 0.7, 16)]  # one batch for all five
     assert policy.stats.sizes == {2: 1} and policy.stats.joined == 3 and policy.stats.rows == 5
     assert all(writing >= 1 for writing, _ in fake.joins)  # they joined rows still writing
 
 
 def test_a_continuous_batch_never_holds_more_than_max_batch_rows():
-    fake = FakeContinuous(passes=2)
+    fake = FakePolicy(passes=2)
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=3, max_wait_ms=0))
 
     async def go():
@@ -625,12 +608,13 @@ def test_a_continuous_batch_never_holds_more_than_max_batch_rows():
 
     out = asyncio.run(go())
     assert [c.text for c in out] == [f"q{i}#{i}" for i in range(10)]
+    assert fake.calls == [([0, 1, 2], 0.7, 16)]  # the rest joined as rows left
     assert all(writing + joining <= 3 for writing, joining in fake.joins)
-    assert policy.stats.rows == 10
+    assert policy.stats.rows == 10 and policy.stats.joined == 7
 
 
 def test_a_failed_continuous_batch_fails_its_waiting_requests_and_keeps_the_answered_ones():
-    fake = FakeContinuous(passes=1)
+    fake = FakePolicy(passes=1)
     fake.release.clear()
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
 
@@ -650,17 +634,6 @@ def test_a_failed_continuous_batch_fails_its_waiting_requests_and_keeps_the_answ
     # the batcher keeps serving
     fake.release.set()
     assert asyncio.run(_ask(policy, "again", 4)).text == "again#4"
-
-
-def test_a_lone_request_takes_the_single_path_even_when_the_policy_batches_continuously():
-    fake = FakeContinuous()
-    policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=0))
-    policy.in_flight = lambda: 1
-    assert asyncio.run(_ask(policy, "alone", 5)).text == "alone#5"
-    assert fake.calls == [("one", [5], 0.7, 16)]
-    policy.in_flight = lambda: 3  # others are in their worker steps and will be back
-    assert asyncio.run(_ask(policy, "first", 6)).text == "first#6"
-    assert fake.calls[-1] == ("continuous", [6], 0.7, 16)
 
 
 # compact: the writing rows' cache is compacted at every join (else only once it has piled
@@ -733,7 +706,7 @@ def test_a_cancelled_continuous_batch_cancels_its_requests_and_admits_no_one_mor
     """The batcher's task is cancelled (the server's loop shuts down) while a continuous
     batch generates: the requests it has taken, joined ones included, are cancelled rather
     than left waiting, and the generation thread admits nobody after that."""
-    fake = FakeContinuous()
+    fake = FakePolicy(passes=3)
     fake.release.clear()
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
 
@@ -756,7 +729,7 @@ def test_a_cancelled_continuous_batch_cancels_its_requests_and_admits_no_one_mor
     out, late = asyncio.run(go())
     assert all(isinstance(r, asyncio.CancelledError) for r in out)
     assert late.text == "late#4"
-    assert fake.calls[0][1] == [1, 2] and policy.stats.joined == 1
+    assert fake.calls[0][0] == [1, 2] and policy.stats.joined == 1
 
 
 def test_a_bfloat16_policy_runs_in_bfloat16_and_batches_requests():

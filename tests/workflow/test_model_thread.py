@@ -19,6 +19,7 @@ import torch
 
 from conductor_pipeline.workers.torch_thread import run_on_torch_thread
 from conductor_pipeline.workflow import LocalPolicy
+from tests.local_batches import complete_batch
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Plan a workflow for: what is 2 + 2?"}],
@@ -43,7 +44,7 @@ def test_load_warm_up_and_every_generation_run_on_one_thread(tiny_model_dir):
 
     async def generate() -> None:
         await policy.complete(CONVERSATIONS[0], temperature=1.0, max_tokens=6, seed=1)
-        await policy.complete_many(CONVERSATIONS, temperature=1.0, max_tokens=6, seeds=[2, 3])
+        await complete_batch(policy, CONVERSATIONS, temperature=1.0, max_tokens=6, seeds=[2, 3])
         await policy.complete_continuously(
             [("a", CONVERSATIONS[0], 4), ("b", CONVERSATIONS[1], 5)],
             temperature=1.0,

@@ -4,9 +4,9 @@ Conductor generation on a CPU is the bottleneck of an evaluation. Two wrappers k
 without changing what the Conductor writes:
 
 - :func:`batching_policy` gathers the completions requested concurrently (by several
-  questions in flight) and generates them in one batch when the policy has
-  ``complete_many`` (``LocalPolicy``), with the engine's micro-batcher, the one the API
-  uses; every row keeps its own seed, so a text does not depend on its batch. Other
+  questions in flight) into one continuous batch when the policy has
+  ``complete_continuously`` (``LocalPolicy``), with the engine's micro-batcher, the one the
+  API uses; every row keeps its own seed, so a text does not depend on its batch. Other
   policies (an endpoint, which batches server-side) are called as they are.
 - :class:`SharedSamples` remembers completions by (messages, temperature, max_tokens, seed),
   so ``conductor`` and ``conductor+recursion`` share round 0, and the base policy evaluated
@@ -29,13 +29,11 @@ def batching_policy(
     """``policy`` behind the engine's micro-batcher when it can generate several samples at
     once and ``max_batch > 1``; otherwise ``policy`` itself. ``turn``: an ``asyncio.Lock``
     shared by the batchers of several local models (the Conductor and the base policy), so
-    that one batch at a time uses the CPU instead of two models thrashing over its cores.
-    Batches stay closed once started (``continuous=False``): evaluation's load is a fixed
-    set of questions, not clients coming and going."""
-    if max_batch <= 1 or not callable(getattr(policy, "complete_many", None)):
+    that one batch at a time uses the CPU instead of two models thrashing over its cores."""
+    if max_batch <= 1 or not callable(getattr(policy, "complete_continuously", None)):
         return policy
     window = BatchWindow(max_batch=max_batch, max_wait_ms=wait_s * 1000)
-    return MicroBatchingPolicy(policy, window, turn=turn, continuous=False)
+    return MicroBatchingPolicy(policy, window, turn=turn)
 
 
 def batch_sizes(policy: Any) -> list[int]:

@@ -3,31 +3,28 @@ and of evaluation's local policies.
 
 Served one at a time, concurrent requests queue behind each other's Conductor generation,
 one row per decode step. :class:`MicroBatchingPolicy` wraps a policy that has
-``complete_many`` (:class:`~conductor_pipeline.workflow.policy.LocalPolicy`) and generates
-the Conductor samples that requests are waiting for at the same moment in one batched call,
-where a decode step reads the weights and pays the per-operation overhead once for all
-rows. What that buys depends on the hardware (docs/measurements.md, "Serving throughput",
-has the figures on a small CPU):
+``complete_continuously`` (:class:`~conductor_pipeline.workflow.policy.LocalPolicy`) and
+generates the Conductor samples that requests are waiting for in one batch, where a decode
+step reads the weights and pays the per-operation overhead once for all rows. What that buys
+depends on the hardware (docs/measurements.md, "Serving throughput", has the figures on a
+small CPU):
 
 - a sample that arrives while nothing is generating waits at most ``max_wait_ms`` for
-  others to join. A lone user does not wait: when the last batch had one row and every
-  request in flight is already waiting (the API says how many are in flight,
-  :attr:`MicroBatchingPolicy.in_flight`), the batch starts at once. After a batch of
-  several rows the next one waits for the window counted from that batch's end: the
-  requests that batch served are in their worker steps, and the clients behind them are
-  a moment away from their next requests; starting without them would split the load
-  into two half-size batches that take turns from then on;
-- a batch holds at most ``max_batch`` samples, all with the same temperature and token
-  limit (the oldest waiting sample's; the others wait for a later batch). In serving every
-  request uses the server's ``conductor.sampling``, so this is one group in practice;
-- continuous batching, with a policy that has ``complete_continuously`` (the local one):
-  samples with the batch's settings that arrive while it generates join it between two
-  decoding passes, up to ``max_batch`` rows writing at once, and each request gets its
-  completion as soon as its own row is done. A request no longer waits for the slowest
-  row of the batch before it (one Conductor sample that rambles on to the token limit),
-  nor for a whole batch to finish before its own starts. A request that is alone in the
-  server (nobody else in flight) takes the single-request path. ``continuous=False``
-  (evaluation) keeps every batch closed once it starts;
+  others to join, so that they share one prompt pass. A lone user does not wait: when the
+  last batch had one row and every request in flight is already waiting (the API says how
+  many are in flight, :attr:`MicroBatchingPolicy.in_flight`), the batch starts at once.
+  After a batch of several rows the next one waits for the window counted from that batch's
+  end: the requests that batch served are in their worker steps, and the clients behind
+  them are a moment away from their next requests; starting without them would split the
+  load into two half-size batches that take turns from then on;
+- a batch is continuous: it opens with the oldest waiting sample and the others with the
+  same temperature and token limit, up to ``max_batch``; samples with its settings that
+  arrive while it generates join it between two decoding passes, up to ``max_batch`` rows
+  writing at once, and each request gets its completion as soon as its own row is done. A
+  request so never waits for the slowest row of a batch (one Conductor sample that rambles
+  on to the token limit), nor for a whole batch to finish before its own starts. Samples
+  with other settings wait for a later batch; in serving every request uses the server's
+  ``conductor.sampling``, and in evaluation each system's, so this is rare;
 - one batch generates at a time (the model and the CPU are shared; ``turn``, a lock shared by
   the batchers of several local models, extends that to all of them, as evaluation does for
   the Conductor and the base policy); the generation itself
@@ -106,7 +103,7 @@ class BatchStats:
 
 
 class MicroBatchingPolicy:
-    """``policy`` (with ``complete_many``) behind a micro-batcher; see the module docstring.
+    """``policy`` (with ``complete_continuously``) behind a micro-batcher; see the module docstring.
 
     It is a Conductor policy itself (``name``, ``complete``) and passes ``load`` and
     ``warm_up`` through, so the API treats it as the policy it wraps. Bound to the event
@@ -115,23 +112,17 @@ class MicroBatchingPolicy:
     ``in_flight`` (set by the server: its count of admitted requests) ends the window once
     that many samples wait, while the last batch had one row; ``None``: the window always
     runs its course. ``settings``: a :class:`BatchWindow` or anything with its fields;
-    ``turn`` and ``continuous``: see the module docstring.
+    ``turn``: see the module docstring.
     """
 
-    def __init__(
-        self,
-        policy: Any,
-        settings: Any = None,
-        *,
-        turn: asyncio.Lock | None = None,
-        continuous: bool = True,
-    ) -> None:
-        if not callable(getattr(policy, "complete_many", None)):
+    def __init__(self, policy: Any, settings: Any = None, *, turn: asyncio.Lock | None = None):
+        if not callable(getattr(policy, "complete_continuously", None)):
             raise ValueError(
-                f"MicroBatchingPolicy: {getattr(policy, 'name', policy)!r} has no complete_many"
+                f"MicroBatchingPolicy: {getattr(policy, 'name', policy)!r} "
+                "has no complete_continuously"
             )
         settings = settings or BatchWindow()
-        self.turn, self.continuous = turn, continuous
+        self.turn = turn
         self.policy = policy
         self.name: str = policy.name
         self.max_batch = settings.max_batch
@@ -240,48 +231,10 @@ class MicroBatchingPolicy:
         self.stats.sizes[len(batch)] += 1
         self._last_rows = len(batch)
         if self.turn is None:
-            await self._generate_batch(batch)
-            return
-        async with self.turn:
-            await self._generate_batch(batch)
-
-    async def _generate_batch(self, batch: list[_Waiting]) -> None:
-        # a policy that lets rows join keeps generating while requests come and go; a lone
-        # request (nobody else in flight) takes the single-request path
-        in_flight = self.in_flight() if self.in_flight is not None else len(batch)
-        continuous = self.continuous and callable(
-            getattr(self.policy, "complete_continuously", None)
-        )
-        if continuous and max(len(batch), in_flight) > 1:
             await self._generate_continuously(batch)
             return
-        temperature, max_tokens = batch[0].key
-        try:
-            if len(batch) == 1:
-                only = batch[0]
-                outputs = [
-                    await self.policy.complete(
-                        only.messages,
-                        temperature=temperature,
-                        max_tokens=max_tokens,
-                        seed=only.seed,
-                    )
-                ]
-            else:
-                outputs = await self.policy.complete_many(
-                    [w.messages for w in batch],
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                    seeds=[w.seed for w in batch],
-                )
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"{len(outputs)} completions for {len(batch)} prompts")
-        except Exception as exc:
-            _fail(batch, len(batch), exc)
-            return
-        for waiting, output in zip(batch, outputs, strict=True):
-            if not waiting.future.done():  # a cancelled request's row is dropped
-                waiting.future.set_result(output)
+        async with self.turn:
+            await self._generate_continuously(batch)
 
     async def _generate_continuously(self, batch: list[_Waiting]) -> None:
         """``batch`` as a continuous batch: samples with its settings that queue up while it
@@ -290,6 +243,7 @@ class MicroBatchingPolicy:
         loop = asyncio.get_running_loop()
         key = batch[0].key
         members = list(batch)  # every request the batch has taken, for errors
+        answered: set[int] = set()  # id of each member whose row has finished
         closing = False  # the batcher is being cancelled (loop shutdown): admit no one
 
         def more(writing: int) -> list[JoiningRow]:
@@ -308,6 +262,7 @@ class MicroBatchingPolicy:
             return [(w, w.messages, w.seed) for w in group]
 
         def done(waiting: _Waiting, output: Any) -> None:
+            answered.add(id(waiting))
             # a loop that has closed meanwhile has nobody left to answer
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, waiting.future, output)
@@ -331,7 +286,10 @@ class MicroBatchingPolicy:
                     waiting.future.cancel()
             raise
         except Exception as exc:
-            _fail(members, len(members), exc)
+            _fail(members, answered, exc)
+            return
+        # a policy that returned without finishing a row: its request must not wait forever
+        _fail(members, answered, RuntimeError("the batch ended without a reply for this row"))
 
 
 def _settle(future: asyncio.Future, output: Any) -> None:
@@ -339,12 +297,14 @@ def _settle(future: asyncio.Future, output: Any) -> None:
         future.set_result(output)
 
 
-def _fail(batch: list[_Waiting], rows: int, exc: Exception) -> None:
-    """Fail the requests of ``batch`` still waiting with a :class:`BatchGenerationError`."""
+def _fail(batch: list[_Waiting], answered: set[int], exc: Exception) -> None:
+    """Fail the requests of ``batch`` that are neither ``answered`` (by id) nor done with a
+    :class:`BatchGenerationError`."""
     error = BatchGenerationError(
-        f"Conductor generation failed for a batch of {rows} request(s): {type(exc).__name__}: {exc}"
+        f"Conductor generation failed for a batch of {len(batch)} request(s): "
+        f"{type(exc).__name__}: {exc}"
     )
     error.__cause__ = exc
     for waiting in batch:
-        if not waiting.future.done():
+        if id(waiting) not in answered and not waiting.future.done():
             waiting.future.set_exception(error)

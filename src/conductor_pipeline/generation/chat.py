@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # torch-free at import: the Conductor policy types its calls 
 __all__ = [
     "ChatReply",
     "JoiningRow",
-    "chat_batch",
     "chat_continuously",
+    "chat_reply",
     "encode_chat",
     "reply_text",
 ]
@@ -96,33 +96,27 @@ def chat_continuously(
     )
 
 
-def chat_batch(
+def chat_reply(
     engine: LocalEngine,
     tokenizer: Any,
-    conversations: Sequence[list[dict[str, Any]]],
+    messages: list[dict[str, Any]],
     temperature: float,
     max_tokens: int,
-    seeds: Sequence[int],
+    seed: int,
     max_guess: int,
-    draw_threads: Executor | None = None,
-) -> list[ChatReply]:
-    """One reply per conversation, all in one batch, each timed as the batch (every row
-    draws from its own generator seeded with its seed, so its text does not depend on the
-    batch, up to float rounding)."""
-    if len(seeds) != len(conversations):
-        raise ValueError("chat_batch: one seed per conversation")
-    encoded = [encode_chat(tokenizer, messages) for messages in conversations]
-    start = time.perf_counter()
-    replies = engine.generate(
-        [ids for ids, _ in encoded],
-        float(temperature or 0.0),
-        int(max_tokens),
-        [int(seed) for seed in seeds],
+) -> ChatReply:
+    """One conversation's reply: a continuous batch of one row that no other row joins, so
+    its text is the one it gets inside any batch (its own seeded generator), up to float
+    rounding."""
+    replies: list[ChatReply] = []
+    chat_continuously(
+        engine,
+        tokenizer,
+        [(0, messages, seed)],
+        temperature,
+        max_tokens,
+        lambda _: [],
+        lambda _, reply: replies.append(reply),
         max_guess,
-        draw_threads,
     )
-    seconds = time.perf_counter() - start
-    return [
-        (reply_text(tokenizer, new, prefilled), len(ids), len(new), seconds)
-        for new, (ids, prefilled) in zip(replies, encoded, strict=True)
-    ]
+    return replies[0]

@@ -119,8 +119,8 @@ class LocalEngine:
     """Generation for a loaded causal LM (see the module docstring). ``generate`` and
     ``generate_continuously`` take prompts as token ids and return each row's new ids, the
     end token included when written. Counters (observability, tests): ``prefix_hits``
-    (single requests that started from the kept opening), ``forward_passes`` (single
-    requests' passes, prompts included), ``batch_forward_passes`` (the same for batches)."""
+    (prompt passes that started from the kept opening), ``forward_passes`` (every pass,
+    prompts included)."""
 
     def __init__(
         self,
@@ -133,7 +133,7 @@ class LocalEngine:
         # (token ids, their keys and values per layer)
         self.prefix: tuple[tuple[int, ...], list[tuple[Any, Any]]] | None = None
         self.lock = threading.Lock()
-        self.prefix_hits = self.forward_passes = self.batch_forward_passes = 0
+        self.prefix_hits = self.forward_passes = 0
         # the ``reply_history`` latest replies (token ids), which lookup decoding guesses
         # from besides the request's own tokens. They change how fast a reply is written and,
         # by rounding alone, what it says: a pass that checks guesses sums in another order
@@ -178,14 +178,13 @@ class LocalEngine:
         seeds: Sequence[int],
         max_guess: int,
         draw_threads: Executor | None = None,
-        single: bool = False,
         top_p: float = 1.0,
         record: LayerStates | None = None,
     ) -> list[list[int]]:
         """Up to ``max_tokens`` new ids per row of ``rows`` (one batch; a row draws with its
         own generator seeded with its seed, so its ids do not depend on the batch; rows may
-        repeat a prompt). ``single``: a single request (counted as one). ``record``: receives
-        the states entering its layer, by row index (plain decoding only: ``max_guess=0``)."""
+        repeat a prompt). ``record``: receives the states entering its layer, by row index
+        (plain decoding only: ``max_guess=0``)."""
         replies: list[list[int]] = [[] for _ in rows]
 
         def done(handle: int, tokens: list[int], joined: float) -> None:
@@ -200,7 +199,6 @@ class LocalEngine:
             done,
             max_guess,
             draw_threads,
-            single,
             top_p,
             record,
         )
@@ -215,7 +213,6 @@ class LocalEngine:
         done: Callable[[Any, list[int], float], None],
         max_guess: int,
         draw_threads: Executor | None = None,
-        single: bool = False,
         top_p: float = 1.0,
         record: LayerStates | None = None,
     ) -> None:
@@ -245,7 +242,6 @@ class LocalEngine:
                             (temperature, top_p),
                             int(max_tokens),
                             joined_at,
-                            single,
                         )
                     if decoder.rows:
                         decoder.step()
@@ -260,11 +256,7 @@ class LocalEngine:
                     joining = list(more(decoder.rows))
             finally:
                 self._record, self._seen = None, []
-        passes = decoder.passes + decoder.prompt_passes
-        if single:
-            self.forward_passes += passes
-        else:
-            self.batch_forward_passes += passes
+        self.forward_passes += decoder.passes + decoder.prompt_passes
 
     def _join(
         self,
@@ -273,7 +265,6 @@ class LocalEngine:
         sampling: tuple[float, float],
         max_tokens: int,
         joined_at: dict[Any, float],
-        single: bool,
     ) -> None:
         """Add ``joining`` to ``decoder`` (``sampling``: temperature and top-p), their shared
         opening from the kept cache, in groups of similar length (:func:`length_groups`): a
@@ -289,8 +280,6 @@ class LocalEngine:
         opening = self.shared_prefix(prompts)
         for group in length_groups([len(ids) - opening for ids in prompts]):
             input_ids, attention_mask, shared = self.padded([prompts[i] for i in group])
-            if single and shared:
-                self.prefix_hits += 1
             cache = self.prefix_cache(prompts[group[0]][:shared], len(group)) if shared else None
             rows = [(k, row) for k, i in enumerate(group) for row in rows_of[i]]
             passes = decoder.prompt_passes
@@ -361,7 +350,9 @@ class LocalEngine:
         (:func:`~conductor_pipeline.generation.kv_cache.cache_from`); an opening the kept one
         does not start with is computed and kept instead."""
         key = tuple(prefix)
-        if self.prefix is None or self.prefix[0][: len(key)] != key:
+        if self.prefix is not None and self.prefix[0][: len(key)] == key:
+            self.prefix_hits += 1
+        else:
             out = self.model(input_ids=torch.tensor([prefix]), use_cache=True)
             if self._record is not None:
                 self._record.opening = self._seen.pop()[0]

@@ -54,8 +54,8 @@ class BatchingSettings:
 
 def batched_policy(policy: Any, settings: BatchingSettings) -> Any:
     """``policy`` behind a :class:`MicroBatchingPolicy` when batching is enabled and the
-    policy can generate several samples at once; otherwise ``policy`` itself (an endpoint
+    policy can batch continuously; otherwise ``policy`` itself (an endpoint
     batches on its server; the scripted policy needs no model)."""
-    if settings.enabled and callable(getattr(policy, "complete_many", None)):
+    if settings.enabled and callable(getattr(policy, "complete_continuously", None)):
         return MicroBatchingPolicy(policy, settings)
     return policy

@@ -187,15 +187,15 @@ def generate_chat(
 
     ``temperature <= 0`` decodes greedily; otherwise samples from a generator seeded with
     ``seed``, so the same inputs give the same text, alone or inside a batch (the engine's
-    :func:`~conductor_pipeline.generation.chat.chat_batch`, on a fresh engine).
+    :func:`~conductor_pipeline.generation.chat.chat_reply`, on a fresh engine).
     """
-    from conductor_pipeline.generation.chat import chat_batch
+    from conductor_pipeline.generation.chat import chat_reply
     from conductor_pipeline.generation.local import LocalEngine
 
     engine = LocalEngine.for_tokenizer(model, tokenizer)
-    text, prompt_tokens, completion_tokens, _ = chat_batch(
-        engine, tokenizer, [messages], temperature, max_new_tokens, [seed], max_guess
-    )[0]
+    text, prompt_tokens, completion_tokens, _ = chat_reply(
+        engine, tokenizer, messages, temperature, max_new_tokens, seed, max_guess
+    )
     return text, prompt_tokens, completion_tokens
 
 

@@ -20,10 +20,9 @@ from typing import Any, Protocol
 
 from conductor_pipeline.generation.chat import (
     JoiningRow,
-    chat_batch,
     chat_continuously,
+    chat_reply,
     encode_chat,
-    reply_text,
 )
 from conductor_pipeline.workers.local_model import MODEL_DTYPES
 from conductor_pipeline.workers.torch_thread import (
@@ -54,9 +53,9 @@ class ConductorPolicy(Protocol):
 
 
 class LocalPolicy:
-    """A transformers causal LM on this machine: one completion (``complete``) or a batch of
-    them (``complete_many``, used by evaluation and by the API's micro-batcher), one
-    generation at a time.
+    """A transformers causal LM on this machine: one completion (``complete``) or a batch
+    that conversations join and leave (``complete_continuously``, the micro-batcher's of
+    evaluation and the API), one generation at a time.
 
     ``model_dir`` is a Hugging Face model folder; ``None`` means the SmolLM2 copy that
     :func:`conductor_pipeline.workers.local_model.load_smollm2` prepares offline.
@@ -118,8 +117,8 @@ class LocalPolicy:
         self._engine: Any = None  # a LocalEngine, once loaded
         self._load_lock = threading.Lock()
 
-    # observability: single requests answered from the kept prompt-opening cache, and
-    # forward passes (prompts included) of single requests and of batches
+    # observability: prompt passes that started from the kept prompt-opening cache, and
+    # forward passes (prompts included)
     @property
     def prefix_hits(self) -> int:
         return self._engine.prefix_hits if self._engine is not None else 0
@@ -127,10 +126,6 @@ class LocalPolicy:
     @property
     def forward_passes(self) -> int:
         return self._engine.forward_passes if self._engine is not None else 0
-
-    @property
-    def batch_forward_passes(self) -> int:
-        return self._engine.batch_forward_passes if self._engine is not None else 0
 
     def load(self) -> None:
         run_on_torch_thread(self._load)
@@ -166,20 +161,21 @@ class LocalPolicy:
     def _generate(
         self, messages: list[dict[str, str]], temperature: float, max_tokens: int, seed: int
     ) -> PolicyCompletion:
-        """One reply, a batch of one row: the tokens plain decoding draws for ``seed``, several
-        checked per forward pass when the reply repeats text seen before. A prompt that
-        continues the kept opening (:meth:`warm_up`) prefills only its own tokens."""
+        """One reply: the tokens plain decoding draws for ``seed``, several checked per
+        forward pass when the reply repeats text seen before. A prompt that continues the
+        kept opening (:meth:`warm_up`) prefills only its own tokens."""
         self.load()
         self._set_threads()
-        ids, prefilled = encode_chat(self._tokenizer, messages)
-        if max_tokens < 1:
-            return PolicyCompletion("", len(ids), 0, 0.0)
-        start = time.perf_counter()
-        tokens = self._engine.generate(
-            [ids], temperature, int(max_tokens), [seed], self.lookup_tokens, single=True
-        )[0]
-        text = reply_text(self._tokenizer, tokens, prefilled)
-        return PolicyCompletion(text, len(ids), len(tokens), time.perf_counter() - start)
+        reply = chat_reply(
+            self._engine,
+            self._tokenizer,
+            messages,
+            temperature,
+            max_tokens,
+            seed,
+            self.lookup_tokens,
+        )
+        return PolicyCompletion(*reply)
 
     def warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int = 4) -> int:
         """Prepare for serving: load the model, keep the key/value cache of the opening that
@@ -195,10 +191,10 @@ class LocalPolicy:
     def _warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int) -> int:
         self.load()
         self._set_threads()
+        hits = self._engine.prefix_hits
         shared = self._engine.keep_opening(
             [encode_chat(self._tokenizer, m)[0] for m in conversations]
         )
-        hits = self._engine.prefix_hits
         self._generate(conversations[0], 0.0, max_tokens, 0)
         self._engine.prefix_hits = hits  # the warm-up is not a served request
         return shared
@@ -207,46 +203,6 @@ class LocalPolicy:
         self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, seed: int
     ) -> PolicyCompletion:
         return await self._in_thread(self._generate, messages, temperature, max_tokens, seed)
-
-    async def complete_many(
-        self,
-        conversations: list[list[dict[str, str]]],
-        *,
-        temperature: float,
-        max_tokens: int,
-        seeds: list[int],
-    ) -> list[PolicyCompletion]:
-        """Several completions in one batch (higher CPU throughput). Each row samples with
-        its own generator seeded with its seed, so a row's text does not depend on which
-        other rows share its batch (up to float rounding). ``latency_s``: the batch's time."""
-        if len(seeds) != len(conversations):
-            raise ValueError("complete_many: one seed per conversation")
-        if not conversations:
-            return []
-        return await self._in_thread(
-            self._generate_many, conversations, temperature, max_tokens, seeds
-        )
-
-    def _generate_many(
-        self,
-        conversations: list[list[dict[str, str]]],
-        temperature: float,
-        max_tokens: int,
-        seeds: list[int],
-    ) -> list[PolicyCompletion]:
-        self.load()
-        self._set_threads()
-        replies = chat_batch(
-            self._engine,
-            self._tokenizer,
-            conversations,
-            temperature,
-            max_tokens,
-            seeds,
-            self.lookup_tokens,
-            self._draw_threads(),
-        )
-        return [PolicyCompletion(*reply) for reply in replies]  # latency: the batch's
 
     async def complete_continuously(
         self,
