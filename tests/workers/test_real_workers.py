@@ -268,3 +268,18 @@ def test_a_long_prompt_does_not_pad_a_whole_batch_to_its_length():
     assert len(workers._take(8, {})) == 1 and workers.abandoned == 1
     with pytest.raises(ValueError, match="max_batch_chars"):
         RealWorkers(PROFILES.real, None, None, max_batch_chars=0)
+
+
+def test_the_batch_watchdog_reports_each_stall_once():
+    from conductor_pipeline.workers.sandbox.real_workers import BatchWatchdog
+
+    stalls: list[float] = []
+    watchdog = BatchWatchdog(0.05, lambda: stalls.append(time.monotonic()))
+    try:
+        _wait_until(lambda: len(stalls) == 1, "the first stall")
+        time.sleep(0.3)  # still no progress: the same stall, not reported again
+        assert len(stalls) == 1
+        watchdog.progress()
+        _wait_until(lambda: len(stalls) == 2, "the stall after progress")
+    finally:
+        watchdog.stop()

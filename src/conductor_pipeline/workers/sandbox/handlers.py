@@ -122,7 +122,8 @@ async def health(request: Request) -> JSONResponse:
             "tasks": len(state.index),
             "real_model_loaded": real.model is not None,
             "real_model_dtype": real.loaded_dtype,
-            # generate calls of the real model and the largest batch one of them served
+            # batches of the real model, and the most requests one of them served (the
+            # ones that joined it while it wrote included)
             "real_model_batches": len(real.batch_sizes),
             "real_model_max_batch": max(real.batch_sizes, default=0),
             "real_model_abandoned": real.abandoned,

@@ -8,7 +8,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -180,18 +180,7 @@ class RealWorkers:
 
         temperature, limit = first[0][2], first[0][1]
         members = list(first)
-        watchdog: list[threading.Timer] = []
-
-        def rearm() -> None:
-            # a timer of this batch's own, restarted whenever a row finishes: faulthandler's
-            # dump_traceback_later is one timer per process, which any other batcher would
-            # cancel
-            if watchdog:
-                watchdog.pop().cancel()
-            timer = threading.Timer(self.slow_batch_s, _dump_stacks, (len(writing),))
-            timer.daemon = True
-            timer.start()
-            watchdog.append(timer)
+        watchdog = BatchWatchdog(self.slow_batch_s, lambda: _dump_stacks(len(writing)))
 
         def more(rows: int) -> list[tuple[Future, list[dict[str, Any]], int]]:
             with self._wakeup:
@@ -203,7 +192,7 @@ class RealWorkers:
             text, prompt_tokens, completion_tokens, seconds = reply
             rows = len(writing)
             writing.pop(id(future), None)
-            rearm()
+            watchdog.progress()
             if seconds > self.slow_batch_s:
                 log.warning(
                     "sandbox: a SmolLM2 reply took %.0f s in a batch of %d rows (prompt tokens %d)",
@@ -213,7 +202,6 @@ class RealWorkers:
                 )
             future.set_result((text, prompt_tokens, completion_tokens))
 
-        rearm()
         try:
             chat.chat_continuously(
                 self.engines[k] if self.engines else None,
@@ -231,7 +219,7 @@ class RealWorkers:
                 if not future.done():
                     future.set_exception(exc)
         finally:
-            watchdog.pop().cancel()
+            watchdog.stop()
         self.batch_sizes.append(len(members))
 
     def _take(
@@ -276,6 +264,38 @@ class RealWorkers:
 
 def _prompt_chars(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content") or "")) for m in messages)
+
+
+class BatchWatchdog:
+    """Calls ``stalled`` when ``progress`` has not been called for ``timeout_s`` (from the
+    start on), once per stall, on a thread of its own until ``stop``. One per batch:
+    faulthandler's ``dump_traceback_later`` is one timer per process, which any other batch
+    would reset."""
+
+    def __init__(self, timeout_s: float, stalled: Callable[[], None]) -> None:
+        self.timeout_s, self.stalled = timeout_s, stalled
+        self._last = time.monotonic()
+        self._stopped = threading.Event()
+        thread = threading.Thread(target=self._watch, name="sandbox-batch-watchdog", daemon=True)
+        thread.start()
+
+    def progress(self) -> None:
+        self._last = time.monotonic()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        reported = None  # the last progress before the stall already reported
+        while not self._stopped.wait(self._until_due()):
+            last = self._last
+            if last != reported and time.monotonic() - last >= self.timeout_s:
+                self.stalled()
+                reported = last
+
+    def _until_due(self) -> float:
+        due = self._last + self.timeout_s - time.monotonic()
+        return due if due > 0 else self.timeout_s
 
 
 def _dump_stacks(rows: int) -> None:
