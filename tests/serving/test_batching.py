@@ -761,3 +761,41 @@ def test_a_bfloat16_policy_runs_in_bfloat16_and_batches_requests():
     assert batcher.stats.sizes == {2: 1}
     assert batched[0].prompt_tokens == alone.prompt_tokens
     assert all(b.completion_tokens > 0 for b in batched)
+
+
+def test_the_queue_rule_opens_with_the_oldest_and_joins_only_ahead_of_other_settings():
+    from conductor_pipeline.generation.batching import take_queued
+
+    def key(request: str) -> str:
+        return request[0]  # "a1": settings "a"
+
+    queue = ["a1", "b1", "a2", "a3"]
+    assert take_queued(queue, 8, key) == ["a1", "a2", "a3"] and queue == ["b1"]
+    queue = ["a1", "b1", "a2"]  # joining an "a" batch: none behind "b1", which opens the next
+    assert take_queued(queue, 8, key, joining="a") == ["a1"] and queue == ["b1", "a2"]
+    queue = ["a1", "a2", "a3"]
+    assert take_queued(queue, 2, key) == ["a1", "a2"] and queue == ["a3"]  # room
+    verdicts = {"a1": None, "a2": False, "a3": True}  # dropped, waits, taken
+    queue = ["a1", "a2", "a3"]
+    assert take_queued(queue, 8, key, admit=verdicts.get) == ["a3"] and queue == ["a2"]
+
+
+def test_a_running_batch_admits_no_joiner_queued_behind_a_request_with_other_settings():
+    fake = FakePolicy(passes=3)
+    fake.release.clear()
+    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+    async def go():
+        long = asyncio.create_task(_ask(policy, "long", 1))
+        await fake.started.wait()
+        other = asyncio.create_task(_ask(policy, "other", 2, temperature=0.0))
+        await asyncio.sleep(0)
+        behind = asyncio.create_task(_ask(policy, "behind", 3))  # the running batch's settings
+        await asyncio.sleep(0.2)  # passes go by: it must not join
+        assert policy.stats.joined == 0
+        fake.release.set()
+        return await asyncio.gather(long, other, behind)
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == ["long#1", "other#2", "behind#3"]
+    assert fake.calls == [([1], 0.7, 16), ([2], 0.0, 16), ([3], 0.7, 16)]

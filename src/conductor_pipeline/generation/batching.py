@@ -23,8 +23,9 @@ small CPU):
   writing at once, and each request gets its completion as soon as its own row is done. A
   request so never waits for the slowest row of a batch (one Conductor sample that rambles
   on to the token limit), nor for a whole batch to finish before its own starts. Samples
-  with other settings wait for a later batch; in serving every request uses the server's
-  ``conductor.sampling``, and in evaluation each system's, so this is rare;
+  with other settings wait for a later batch, and once one waits, no sample queued after
+  it joins the running batch (:func:`take_queued`); in serving every request uses the
+  server's ``conductor.sampling``, and in evaluation each system's, so this is rare;
 - one batch generates at a time (the model and the CPU are shared; ``turn``, a lock shared by
   the batchers of several local models, extends that to all of them, as evaluation does for
   the Conductor and the base policy); the generation itself
@@ -52,11 +53,54 @@ import asyncio
 import contextlib
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from conductor_pipeline.generation.chat import JoiningRow
+
+Request = TypeVar("Request")
+
+
+def take_queued(
+    queue: list[Request],
+    room: int,
+    settings: Callable[[Request], Hashable],
+    joining: Hashable | None = None,
+    admit: Callable[[Request], bool | None] = lambda _: True,
+) -> list[Request]:
+    """Remove from ``queue`` (oldest first) and return the requests a continuous batch takes,
+    at most ``room``; the one rule of every batcher over the engine (this module's and the
+    sandbox's real worker's).
+
+    Opening a batch (``joining`` None): the oldest request, then later ones with its
+    ``settings`` (what a batch's rows must share: temperature, token limit); requests with
+    other settings stay queued. Joining a running batch whose settings are ``joining``: the
+    requests with those settings queued before the first one with other settings. That one
+    opens the next batch; were joiners behind it admitted, a steady stream of them would
+    keep it waiting for as long as the stream lasts. ``admit(request)``: ``True`` takes it,
+    ``False`` leaves it queued for a later batch (it does not fit this one), ``None`` drops
+    it (cancelled while it waited).
+    """
+    key = joining
+    taken: list[Request] = []
+    i = 0
+    while i < len(queue) and len(taken) < room:
+        request = queue[i]
+        if key is not None and settings(request) != key:
+            if joining is not None:
+                break
+            i += 1
+            continue
+        verdict = admit(request)
+        if verdict is False:
+            i += 1
+            continue
+        del queue[i]
+        if verdict:
+            taken.append(request)
+            key = settings(request)
+    return taken
 
 
 @dataclass(frozen=True)
@@ -213,9 +257,7 @@ class MicroBatchingPolicy:
                 )
                 remaining = opened + self.max_wait_s - loop.time()
                 if len(group) >= self.max_batch or remaining <= 0 or self._alone():
-                    taken = set(map(id, group))
-                    self._queue = [w for w in self._queue if id(w) not in taken]
-                    return group
+                    return take_queued(self._queue, self.max_batch, _settings)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), remaining)
@@ -254,9 +296,7 @@ class MicroBatchingPolicy:
             with self._queue_lock:
                 if closing:
                     return []
-                group = [w for w in self._queue if w.key == key and not w.future.done()][:free]
-                taken = set(map(id, group))
-                self._queue = [w for w in self._queue if id(w) not in taken]
+                group = take_queued(self._queue, free, _settings, key, _live)
                 members.extend(group)
             self.stats.joined += len(group)
             return [(w, w.messages, w.seed) for w in group]
@@ -290,6 +330,14 @@ class MicroBatchingPolicy:
             return
         # a policy that returned without finishing a row: its request must not wait forever
         _fail(members, answered, RuntimeError("the batch ended without a reply for this row"))
+
+
+def _settings(waiting: _Waiting) -> tuple[float, int]:
+    return waiting.key
+
+
+def _live(waiting: _Waiting) -> bool | None:
+    return None if waiting.future.done() else True  # a cancelled request leaves the queue
 
 
 def _settle(future: asyncio.Future, output: Any) -> None:

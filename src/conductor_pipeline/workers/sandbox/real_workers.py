@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.generation.batching import take_queued
 from conductor_pipeline.workers.local_model import LOOKUP_TOKENS
 from conductor_pipeline.workers.sandbox.profiles import RealProfile
 from conductor_pipeline.workers.torch_thread import set_torch_threads
@@ -225,41 +226,38 @@ class RealWorkers:
     def _take(
         self, room: int, writing: dict[int, int], key: tuple[int, float] | None = None
     ) -> list[_Request]:
-        """Queued requests for a batch (the caller holds ``_wakeup``), at most ``room``: with
-        no ``key``, the oldest request and the next ones with its token limit and temperature;
-        else, joining a running batch, those with ``key``'s queued before the first request
-        with other settings (which opens the next batch: joiners queued after it would keep
-        it waiting). A request waits while it would push the padded prompt (rows times the
-        longest prompt's characters) past ``max_batch_chars``; ``writing`` holds the
-        characters of the batch's rows (id of their future), joiners are added."""
-        joining = key is not None
-        taken: list[_Request] = []
-        i = 0
-        while i < len(self._pending) and len(taken) < room:
-            entry = self._pending[i]
-            same = key is None or (entry[1], entry[2]) == key
-            if joining and not same:
-                break
+        """Queued requests for a batch (the caller holds ``_wakeup``), at most ``room``, by
+        the engine's one queue rule (:func:`take_queued`; ``key``: a running batch's token
+        limit and temperature, ``None`` to open one). A request waits while it would push
+        the padded prompt (rows times the longest prompt's characters) past
+        ``max_batch_chars``; ``writing`` holds the characters of the batch's rows (id of
+        their future), those taken are added."""
+
+        def admit(entry: _Request) -> bool | None:
             size = _prompt_chars(entry[0])
-            padded = max([size, *writing.values()]) * (len(writing) + 1)
-            if not same or (writing and padded > self.max_batch_chars):
-                i += 1  # waits for a later batch
-                continue
-            self._pending.pop(i)
+            if (
+                writing
+                and max([size, *writing.values()]) * (len(writing) + 1) > self.max_batch_chars
+            ):
+                return False  # waits for a later batch
             # False: the request was cancelled (its caller went away) while queued
-            if entry[-1].set_running_or_notify_cancel():
-                taken.append(entry)
-                writing[id(entry[-1])] = size
-                key = key or (entry[1], entry[2])
-            else:
+            if not entry[-1].set_running_or_notify_cancel():
                 self.abandoned += 1
-        return taken
+                return None
+            writing[id(entry[-1])] = size
+            return True
+
+        return take_queued(self._pending, room, _settings, key, admit)
 
     def _set_threads(self) -> None:
         # Per calling thread: OpenMP keeps the thread count per thread, and generation runs
         # in its own thread.
         if self.torch_threads:
             set_torch_threads(self.torch_threads)
+
+
+def _settings(entry: _Request) -> tuple[int, float]:
+    return entry[1], entry[2]  # token limit, temperature
 
 
 def _prompt_chars(messages: list[dict[str, Any]]) -> int:
