@@ -576,10 +576,15 @@ def test_after_a_batch_of_several_the_window_waits_for_their_clients():
 # --- continuous batching: requests join a batch that is generating -------------------------
 
 
-def test_requests_arriving_during_a_continuous_batch_join_it_and_leave_when_done():
-    fake = FakePolicy(passes=3)
+def _held_batcher(passes: int) -> tuple[FakePolicy, MicroBatchingPolicy]:
+    """A batcher whose ``long`` rows write until the fake's ``release`` is set."""
+    fake = FakePolicy(passes=passes)
     fake.release.clear()
-    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+    return fake, MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+
+
+def test_requests_arriving_during_a_continuous_batch_join_it_and_leave_when_done():
+    fake, policy = _held_batcher(passes=3)
 
     async def go():
         long = asyncio.create_task(_ask(policy, "long", 1))
@@ -614,9 +619,7 @@ def test_a_continuous_batch_never_holds_more_than_max_batch_rows():
 
 
 def test_a_failed_continuous_batch_fails_its_waiting_requests_and_keeps_the_answered_ones():
-    fake = FakePolicy(passes=1)
-    fake.release.clear()
-    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+    fake, policy = _held_batcher(passes=1)
 
     async def go():
         long = asyncio.create_task(_ask(policy, "long", 1))
@@ -706,9 +709,7 @@ def test_a_cancelled_continuous_batch_cancels_its_requests_and_admits_no_one_mor
     """The batcher's task is cancelled (the server's loop shuts down) while a continuous
     batch generates: the requests it has taken, joined ones included, are cancelled rather
     than left waiting, and the generation thread admits nobody after that."""
-    fake = FakePolicy(passes=3)
-    fake.release.clear()
-    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+    fake, policy = _held_batcher(passes=3)
 
     async def go():
         long = asyncio.create_task(_ask(policy, "long", 1))
@@ -781,9 +782,7 @@ def test_the_queue_rule_opens_with_the_oldest_and_joins_only_ahead_of_other_sett
 
 
 def test_a_running_batch_admits_no_joiner_queued_behind_a_request_with_other_settings():
-    fake = FakePolicy(passes=3)
-    fake.release.clear()
-    policy = MicroBatchingPolicy(fake, BatchingSettings(max_batch=16, max_wait_ms=0))
+    fake, policy = _held_batcher(passes=3)
 
     async def go():
         long = asyncio.create_task(_ask(policy, "long", 1))
