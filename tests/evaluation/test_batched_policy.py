@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from conductor_pipeline.evaluation import batching_policy
+from conductor_pipeline.evaluation.policies import batch_stats
 from conductor_pipeline.workflow import LocalPolicy
 from tests.local_batches import complete_batch
 
@@ -62,7 +63,9 @@ def test_batching_wrapper_groups_concurrent_requests(tiny_model_dir):
 
     out = asyncio.run(go())
     # two start the batch; the third joins it once a row has left
-    assert len(out) == 3 and policy.stats.batch_sizes == [2] and policy.stats.joined == 1
+    stats = batch_stats(policy)  # what evaluation_run_info.json reports
+    assert len(out) == 3 and stats.batch_sizes == [2] and stats.joined == 1
+    assert batch_stats(policy.policy).batches == 0  # an unbatched policy: nothing
 
 
 OPENING = "You plan work for a team of workers and never answer yourself. " * 6

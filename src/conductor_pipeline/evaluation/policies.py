@@ -36,10 +36,11 @@ def batching_policy(
     return MicroBatchingPolicy(policy, window, turn=turn)
 
 
-def batch_sizes(policy: Any) -> list[int]:
-    """The sizes of the batches a :func:`batching_policy` generated (none when unbatched)."""
+def batch_stats(policy: Any) -> BatchStats:
+    """What a :func:`batching_policy` generated: the rows each batch started with, and the
+    rows that joined batches already writing (nothing when unbatched)."""
     stats = getattr(policy, "stats", None)
-    return stats.batch_sizes if isinstance(stats, BatchStats) else []
+    return stats if isinstance(stats, BatchStats) else BatchStats()
 
 
 class SharedSamples:

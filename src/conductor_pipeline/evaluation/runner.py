@@ -40,7 +40,7 @@ from typing import Any
 from conductor_pipeline.evaluation.config import EvaluationConfig
 from conductor_pipeline.evaluation.kinds import derive_oracle, derive_router
 from conductor_pipeline.evaluation.metrics import system_order
-from conductor_pipeline.evaluation.policies import SharedSamples, batch_sizes, batching_policy
+from conductor_pipeline.evaluation.policies import SharedSamples, batch_stats, batching_policy
 from conductor_pipeline.evaluation.records import QuestionResult
 from conductor_pipeline.evaluation.registry import KINDS, RunContext, SystemKind
 from conductor_pipeline.evaluation.store import ResultStore
@@ -236,8 +236,10 @@ class _SharedModels:
         return self.wrapped[id(policy)]
 
     def info(self) -> dict[str, Any]:
+        stats = [batch_stats(w.policy) for w in self.wrapped.values()]
         return {
-            "conductor_batches": [n for w in self.wrapped.values() for n in batch_sizes(w.policy)],
+            "conductor_batches": [n for s in stats for n in s.batch_sizes],  # rows at the start
+            "conductor_joined_rows": sum(s.joined for s in stats),
             "shared_samples": sum(w.hits for w in self.wrapped.values()),
         }
 
