@@ -15,7 +15,8 @@ row, rows repeating a prompt share its prompt pass); ``local``: a loaded model's
 state (the kept prompt opening, recent replies, one generation at a time); ``chat``:
 conversations in, reply texts out, over the engine's continuous batch (the Conductor policy's
 and the real worker's); ``batching``: the one micro-batcher, gathering concurrent requests
-into batches (the API's and evaluation's).
+into continuous batches (the API's and evaluation's), and the one rule by which a batch takes
+queued requests (``take_queued``, which the sandbox's real worker follows too).
 
 ``attention``: the one attention (transformers' SDPA with grouped key/value heads broadcast by
 the kernel, packed rows); ``kv_cache``: cache layers that
