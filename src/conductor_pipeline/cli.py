@@ -20,6 +20,7 @@ from conductor_pipeline.offline import apply_offline_defaults
 apply_offline_defaults()  # before anything imports litellm or transformers
 
 from conductor_pipeline.run_errors import run  # noqa: E402
+from conductor_pipeline.stderr_logging import StderrHandler  # noqa: E402
 
 # `--adapter none`: ask the untrained base policy on purpose
 BASE_POLICY = "none"
@@ -524,16 +525,20 @@ def cli() -> None:
 cli.add_command(run)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    # logs go to stderr, whatever handlers an imported library installed, so that stdout
-    # carries only the answer or the --json record
+def configure_cli_logging(verbose: bool) -> None:
+    """Logs go to stderr, whatever handlers an imported library installed, so that stdout
+    carries only the answer or the ``--json`` record."""
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[StderrHandler()],
         force=True,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_cli_logging(args.verbose)
     return args.handler(args)
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from conductor_pipeline.stderr_logging import StderrHandler
 
 MASK = "***"
 
@@ -70,7 +71,7 @@ def configure_json_logging(level: int = logging.INFO, secrets: Iterable[str] = (
     """Send every log record (and Python warning) of this process to stderr as JSON lines;
     returns the formatter, whose ``secrets`` may be extended once they are known."""
     formatter = JsonFormatter(secrets)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(formatter)
     logging.captureWarnings(True)
     root = logging.getLogger()
