@@ -233,6 +233,10 @@ def test_a_policy_guesses_from_earlier_replies_in_either_precision(tiny_model_di
     asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
     asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
     assert len(policy._engine.recent_replies) == 2
+    # a 0-token request writes nothing and leaves the replies to guess from as they were
+    empty = asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=0, seed=1))
+    assert (empty.text, empty.completion_tokens) == ("", 0)
+    assert len(policy._engine.recent_replies) == 2
     plain = LocalPolicy(model_dir=tiny_model_dir, torch_threads=1, dtype=dtype, lookup_tokens=0)
     first = asyncio.run(plain.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
     again = asyncio.run(plain.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))

@@ -251,7 +251,8 @@ class LocalEngine:
                             for handle, state in zip(decoder.fed_keys, states, strict=True):
                                 record.fed.setdefault(handle, []).append(state)
                     for handle, tokens in decoder.pop_finished():
-                        self.recent_replies.appendleft(tokens)
+                        if tokens:  # an empty reply (a 0-token limit) has nothing to guess from
+                            self.recent_replies.appendleft(tokens)
                         done(handle, tokens, joined_at.pop(handle))
                     joining = list(more(decoder.rows))
             finally:
