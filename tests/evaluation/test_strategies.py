@@ -214,6 +214,17 @@ def test_exact_and_monte_carlo_agree_on_the_real_profiles():
         assert table.loc[self_check, "cost_usd_per_q"] > table.loc[solo, "cost_usd_per_q"]
     for column in ("accuracy", "accuracy_easy", "accuracy_medium", "accuracy_hard"):
         assert table.loc["specialist -> sim-sage", column] > table.loc["router", column]
+    # two specialists side by side, then sim-sage: the same workers for every question,
+    # yet above the router, which must know each question's domain
+    pairs = [s for s in strategies if s.name.count(" + ") == 1 and "specialist" not in s.name]
+    assert [s.name for s in pairs] == [
+        "sim-abacus + sim-coder -> sim-sage",
+        "sim-abacus + sim-sphinx -> sim-sage",
+        "sim-coder + sim-sphinx -> sim-sage",
+    ]
+    for pair in pairs:
+        assert len({str(pair.plan(t)) for t in tasks}) == 1
+        assert table.loc[pair.name, "accuracy"] > table.loc["router", "accuracy"]
     assert table.loc["oracle", "accuracy"] == table["accuracy"].max()
     assert table.loc["solo:sim-sage", "cost_usd_per_q"] > 4 * table.loc["router", "cost_usd_per_q"]
 

@@ -217,7 +217,18 @@ def build_strategies(pool: SimulatedPool, tasks: Sequence[Task]) -> list[Strateg
             by_domain(lambda s: _fan_in([s, best], best)),
         )
     )
+    # the specialists two at a time, then the checker: no routing, since every question
+    # gets the same workers, yet most of what routing plus a check is worth (with two
+    # specialists the pair is the row below)
     distinct = sorted(set(spec.values()))
+    pairs = itertools.combinations(distinct, 2) if len(distinct) > 2 else ()
+    for pair in pairs:
+        out.append(
+            Strategy(
+                f"{' + '.join(name(w) for w in pair)} -> {name(best)}",
+                _always(_fan_in(pair, best)),
+            )
+        )
     out.append(
         Strategy(
             f"{' + '.join(name(w) for w in distinct)} -> {name(best)}",
