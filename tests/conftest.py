@@ -54,6 +54,24 @@ def default_registered_model():
     use_registered_model(None)
 
 
+@pytest.fixture(autouse=True)
+def root_logging_restored():
+    """`conductor`'s CLI, run in-process, sets up the root logger for a command line
+    (a stderr handler, INFO with --verbose); the next test starts from the logging it had,
+    so that a server some later test leaves running prints no stray access lines."""
+    import logging
+
+    from conductor_pipeline.stderr_logging import StderrHandler
+
+    root = logging.getLogger()
+    level, before = root.level, set(root.handlers)
+    yield
+    for handler in list(root.handlers):
+        if isinstance(handler, StderrHandler) and handler not in before:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
 # -- a tiny random policy model, shared by the training and evaluation tests --------------
 
 
