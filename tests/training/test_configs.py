@@ -55,6 +55,7 @@ def test_defaults_are_valid():
         ({"seed": True}, "training.seed: must be an integer"),
         ({"grpo": {"bf16": "yes"}}, "training.grpo.bf16: bf16 must be true, false or auto"),
         ({"grpo": {"bf16": 1.5}}, "training.grpo.bf16: must be true or false or a string, got 1.5"),
+        ({"grpo": {"entropy_coef": -0.1}}, "training.grpo.entropy_coef: entropy_coef must be >= 0"),
         (
             # the prompt is conductor.prompt, shared with evaluation and serving
             {"budget": {"max_steps": None}, "prompt": {"few_shot": 0}},
@@ -237,3 +238,14 @@ def test_bf16_auto_follows_the_cpu(monkeypatch, setting, use_cpu, native, expect
 def test_sandbox_trains_in_bfloat16_where_the_cpu_multiplies_it():
     assert _params("base")["grpo"]["bf16"] == "auto"
     assert _params("gpu")["grpo"]["bf16"] is True
+
+
+def test_entropy_bonus_reaches_trl():
+    """``training.grpo.entropy_coef`` is TRL's entropy bonus: off by default, on when set."""
+    from conductor_pipeline.training import trainer_args
+
+    default = trainer_args.grpo_args(TrainingConfig.from_params({}), "/tmp/unused", use_cpu=True)
+    assert default.entropy_coef == 0.0
+    config = TrainingConfig.from_params({"grpo": {"entropy_coef": 0.05}})
+    assert trainer_args.grpo_args(config, "/tmp/unused", use_cpu=True).entropy_coef == 0.05
+    assert config.fingerprint() != TrainingConfig.from_params({}).fingerprint()

@@ -85,6 +85,8 @@ class GRPOSettings:
     :func:`~conductor_pipeline.training.inputs.interleave_domains`). ``loss_type`` is TRL's:
     ``dapo`` (TRL default: token-level, normalised over the whole generation batch) or
     ``bnpo`` (the authors' code: token-level, normalised per micro-batch).
+    ``entropy_coef``: TRL's entropy bonus (the mean per-token entropy, times this, taken
+    off the loss; 0: none), which keeps a policy from settling early on one choice.
     """
 
     num_generations: int = 4
@@ -98,6 +100,7 @@ class GRPOSettings:
     loss_type: str = "dapo"
     beta: float = 0.0
     epsilon: float = 0.2
+    entropy_coef: float = 0.0
     num_iterations: int = 1
     balanced_domains: bool = False
     scale_rewards: str = "group"
@@ -126,6 +129,7 @@ class GRPOSettings:
         _check(self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}")
         _check(self.beta >= 0, "beta must be >= 0")
         _check(self.epsilon > 0, "epsilon must be positive")
+        _check(self.entropy_coef >= 0, "entropy_coef must be >= 0")
         _check(self.num_iterations >= 1, "num_iterations must be at least 1")
         _check(
             self.bf16 in (True, False, "auto"),

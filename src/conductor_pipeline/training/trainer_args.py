@@ -104,6 +104,7 @@ def grpo_args(
         loss_type=g.loss_type,
         beta=g.beta,
         epsilon=g.epsilon,
+        entropy_coef=g.entropy_coef,
         scale_rewards=g.scale_rewards,
         num_iterations=g.num_iterations,
         # balanced_domains: the rows are already in the order the steps take them
