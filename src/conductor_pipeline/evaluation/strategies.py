@@ -217,24 +217,18 @@ def build_strategies(pool: SimulatedPool, tasks: Sequence[Task]) -> list[Strateg
             by_domain(lambda s: _fan_in([s, best], best)),
         )
     )
-    # the specialists two at a time, then the checker: no routing, since every question
-    # gets the same workers, yet most of what routing plus a check is worth (with two
-    # specialists the pair is the row below)
+    # the specialists two at a time (with two specialists the pair is the whole set), then
+    # all of them, each followed by the checker: no routing, since every question gets the
+    # same workers, yet most of what routing plus a check is worth
     distinct = sorted(set(spec.values()))
-    pairs = itertools.combinations(distinct, 2) if len(distinct) > 2 else ()
-    for pair in pairs:
+    pairs = list(itertools.combinations(distinct, 2)) if len(distinct) > 2 else []
+    for solvers in [*pairs, distinct]:
         out.append(
             Strategy(
-                f"{' + '.join(name(w) for w in pair)} -> {name(best)}",
-                _always(_fan_in(pair, best)),
+                f"{' + '.join(name(w) for w in solvers)} -> {name(best)}",
+                _always(_fan_in(solvers, best)),
             )
         )
-    out.append(
-        Strategy(
-            f"{' + '.join(name(w) for w in distinct)} -> {name(best)}",
-            _always(_fan_in(distinct, best)),
-        )
-    )
     out.append(Strategy(f"all simulated -> {name(best)}", _always(_fan_in(sims, best))))
     out.append(Strategy("oracle", _always(Workflow([Step(w, SOLVE) for w in sims])), any_step=True))
     return out
