@@ -3,13 +3,16 @@ row, a row's draws independent of the rows beside it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
+from conductor_pipeline.generation import token_draw
 from conductor_pipeline.generation.token_draw import (
     draw_token,
     draw_tokens,
     row_generator,
-    sampling_warpers,
+    top_p_scores,
 )
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
@@ -32,7 +35,8 @@ def test_draws_follow_the_softmax_of_the_tempered_logits():
 def test_top_p_keeps_the_nucleus_transformers_keeps():
     temperature, top_p = 0.7, 0.8
     tokens = draw_tokens(LOGITS.expand(DRAWS, -1), temperature, [row_generator(1)] * DRAWS, top_p)
-    scores = sampling_warpers(temperature, top_p)(None, LOGITS[None].clone())[0]
+    tempered = TemperatureLogitsWarper(temperature)(None, LOGITS[None].clone())
+    scores = TopPLogitsWarper(top_p)(None, tempered)[0]
     expected = torch.softmax(scores, dim=-1).double()
     assert int(expected.gt(0).sum()) < len(LOGITS)  # the warper did cut the tail
     assert not bool(tokens[expected[tokens] == 0].numel())
@@ -75,3 +79,22 @@ def test_a_zero_probability_token_is_never_drawn():
     logits = torch.tensor([0.0, float("-inf"), 0.0, float("-inf")])
     tokens = draw_tokens(logits.expand(2_000, -1), 1.0, [row_generator(0)] * 2_000)
     assert set(tokens.tolist()) == {0, 2}
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.0, 6.0, 12.0, 30.0])
+def test_top_p_keeps_the_same_tokens_as_transformers_warper(scale):
+    """Flat rows (a nucleus past the candidates, so the whole vocabulary is sorted) and
+    peaked ones (the nucleus among the candidates) alike."""
+    logits = torch.randn(40, 49_152, generator=torch.Generator().manual_seed(6)) * scale
+    for row in logits:
+        for top_p in (0.5, 0.9, 0.95):
+            ours = top_p_scores(row[None], top_p)
+            theirs = TopPLogitsWarper(top_p)(None, row[None].clone())
+            assert torch.equal(ours.isinf(), theirs.isinf()), (scale, top_p)
+            assert torch.equal(ours[~ours.isinf()], row[~ours.isinf()[0]])
+
+
+def test_a_nucleus_past_the_candidates_is_found_by_sorting_everything(monkeypatch):
+    monkeypatch.setattr(token_draw, "NUCLEUS_CANDIDATES", 4)
+    flat = torch.zeros(1, 100)  # top-p 0.9 keeps 90 equally likely tokens
+    assert int((~top_p_scores(flat, 0.9).isinf()).sum()) == 90

@@ -10,19 +10,31 @@ thread) and is a few lines.
 Each row draws from its own generator, seeded with the row's seed (:func:`row_generator`),
 once per position in order, so a row's text depends on its prompt, its seed and the
 sampling settings only, never on which rows share its batch (up to float rounding).
+
+Top-p keeps the tokens transformers' ``TopPLogitsWarper`` keeps: the likeliest ones, while the
+probability of those above a token is under ``top_p``. The warper finds them by sorting the
+whole vocabulary, which costs 3.3 ms a draw on one thread, forty times the rest of the draw.
+The nucleus of a trained model is rarely more than a few dozen tokens, so :func:`top_p_scores`
+looks among the likeliest :data:`NUCLEUS_CANDIDATES` first and sorts everything only when
+those hold less than ``top_p`` of the probability.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from transformers.generation.logits_process import LogitsProcessorList
+__all__ = [
+    "NUCLEUS_CANDIDATES",
+    "draw_token",
+    "draw_tokens",
+    "row_generator",
+    "top_p_scores",
+]
 
-__all__ = ["draw_token", "draw_tokens", "row_generator", "sampling_warpers"]
+# how many of the likeliest tokens top-p looks at before it sorts the whole vocabulary
+NUCLEUS_CANDIDATES = 128
 
 
 def row_generator(seed: int) -> torch.Generator:
@@ -30,20 +42,19 @@ def row_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
-def sampling_warpers(temperature: float, top_p: float = 1.0) -> LogitsProcessorList:
-    """The warpers transformers builds for plain sampling (none at temperature and top-p 1)."""
-    from transformers.generation.logits_process import (
-        LogitsProcessorList,
-        TemperatureLogitsWarper,
-        TopPLogitsWarper,
-    )
+def top_p_scores(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``scores`` (rows x vocabulary) with every token outside the top-p nucleus at ``-inf``,
+    as transformers' ``TopPLogitsWarper(top_p)`` leaves them."""
+    from transformers.generation.logits_process import TopPLogitsWarper
 
-    warpers = LogitsProcessorList()
-    if temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(temperature))
-    if top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p))
-    return warpers
+    values, indices = scores.topk(min(NUCLEUS_CANDIDATES, scores.shape[-1]), dim=-1)
+    probabilities = (values - scores.logsumexp(dim=-1, keepdim=True)).exp()
+    cumulative = probabilities.cumsum(dim=-1)
+    if bool((cumulative[:, -1] < top_p).any()):  # a nucleus reaches past the candidates
+        return TopPLogitsWarper(top_p)(None, scores)
+    outside = (cumulative - probabilities) >= top_p  # those above already hold top_p
+    kept = values.masked_fill(outside, float("-inf"))
+    return torch.full_like(scores, float("-inf")).scatter(1, indices, kept)
 
 
 def draw_tokens(
@@ -60,9 +71,10 @@ def draw_tokens(
     if len(generators) != logits.shape[0]:
         raise ValueError(f"draw_tokens: {len(generators)} generators for {logits.shape[0]} rows")
     scores = logits.float()
-    warpers = sampling_warpers(temperature, top_p)
-    if warpers:
-        scores = warpers(None, scores)
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_p < 1.0:
+        scores = top_p_scores(scores, top_p)
     cdf = torch.softmax(scores, dim=-1).cumsum(dim=-1, dtype=torch.float64)
     total = cdf[:, -1:]
     uniform = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) for g in generators])
