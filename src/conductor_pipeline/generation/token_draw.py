@@ -14,9 +14,10 @@ sampling settings only, never on which rows share its batch (up to float roundin
 Top-p keeps the tokens transformers' ``TopPLogitsWarper`` keeps: the likeliest ones, while the
 probability of those above a token is under ``top_p``. The warper finds them by sorting the
 whole vocabulary, which costs 3.3 ms a draw on one thread, forty times the rest of the draw.
-The nucleus of a trained model is rarely more than a few dozen tokens, so :func:`top_p_scores`
-looks among the likeliest :data:`NUCLEUS_CANDIDATES` first and sorts everything only when
-those hold less than ``top_p`` of the probability.
+A trained model's nucleus is mostly a handful of tokens, so :func:`top_p_scores` looks among
+the likeliest :data:`NUCLEUS_CANDIDATES` first and sorts everything only when those hold less
+than ``top_p`` of the probability: a GRPO step's rollouts took 18.3 s this way, 28.3 s with
+the warper and 16.0 s without top-p (docs/measurements.md, "Training step").
 """
 
 from __future__ import annotations
