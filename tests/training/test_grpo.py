@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from conductor_pipeline.training.configs import TrainingConfig
+from conductor_pipeline.training.configs import CurriculumSettings, TrainingConfig
 from conductor_pipeline.training.grpo import train_conductor
 from conductor_pipeline.training.inputs import PoolInfo, build_prompt_dataset
 from conductor_pipeline.training.trainer_args import grpo_args
@@ -179,6 +180,8 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
     pool = FakePool(tasks)
     info = PoolInfo(pool, pool.names, pool.descriptions, pool.prices)
     config = _config(tiny_model_dir, tmp_path / "out", prompts_per_step=1)
+    # with the curriculum's pre-pass: sim-bad answers every question wrong
+    config = replace(config, curriculum=CurriculumSettings(reference_worker="sim-bad"))
     logged: list[tuple[dict, int]] = []
     result = train_conductor(
         tasks,
@@ -215,6 +218,9 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
         assert key in metrics, key
     # the forced completions really ran through parse → execute → verify
     assert sum(pool.calls.values()) > 0
+    assert saved["dataset"]["curriculum_wrong"] == N_TASKS
+    verdicts = json.loads((result.run_dir / "curriculum.json").read_text())["verdicts"]
+    assert verdicts == dict.fromkeys((t.id for t in tasks), False)
     assert any(k.startswith("grpo/workers/share/") for k in metrics)
     rates = [m["grpo/rollouts/parse_rate"] for m, _ in logged]
     assert all(0.0 < r < 1.0 for r in rates)

@@ -46,7 +46,7 @@ class TrainingResult:
     run_fingerprint: str
     global_step: int
     resumed_from: str | None
-    dataset: dict[str, int]
+    dataset: dict[str, Any]
     seconds: dict[str, float]
     history: list[dict[str, float]]
     worker_names: list[str]

@@ -39,6 +39,7 @@ __all__ = [
     "SMOLLM2",
     "BudgetSettings",
     "CapsSettings",
+    "CurriculumSettings",
     "GRPOSettings",
     "LoraSettings",
     "RecursionSettings",
@@ -307,6 +308,21 @@ class RecursionSettings:
 
 
 @dataclass(frozen=True)
+class CurriculumSettings:
+    """Which questions the GRPO steps draw (``training.curriculum``). ``reference_worker``:
+    a worker of the pool asked every training question once, alone, before GRPO (null: no
+    pre-pass, the steps take the questions as ``grpo.balanced_domains`` orders them);
+    ``unsolved_share``: the share of each step's questions drawn from those it got wrong
+    (:mod:`~conductor_pipeline.training.curriculum`)."""
+
+    reference_worker: str | None = None
+    unsolved_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.unsolved_share <= 1, "unsolved_share must be in [0, 1]")
+
+
+@dataclass(frozen=True)
 class BudgetSettings:
     """Hard limits per executed workflow (``workflow.Budget``); null = unlimited."""
 
@@ -365,6 +381,7 @@ class TrainingConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTSettings = field(default_factory=SFTSettings)
     recursion: RecursionSettings = field(default_factory=RecursionSettings)
+    curriculum: CurriculumSettings = field(default_factory=CurriculumSettings)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
     caps: CapsSettings = field(default_factory=CapsSettings)
 

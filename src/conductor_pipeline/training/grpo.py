@@ -55,6 +55,11 @@ from conductor_pipeline.training.callbacks import (
 )
 from conductor_pipeline.training.caps import CapsCallback, RunCaps, TrainingStopped
 from conductor_pipeline.training.configs import TrainingConfig
+from conductor_pipeline.training.curriculum import (
+    VERDICTS_FILE,
+    curriculum_order,
+    reference_pass,
+)
 from conductor_pipeline.training.inputs import PoolInfo, build_prompt_dataset, data_version
 from conductor_pipeline.training.models import (
     TrainerPolicy,
@@ -98,7 +103,8 @@ class _Run:
     start_adapter: Path | None = None
     caps: RunCaps | None = None  # training.caps, over every GRPO stage of the run
     rows: list[dict[str, Any]] = field(default_factory=list)
-    report: dict[str, int] = field(default_factory=dict)  # what build_prompt_dataset kept
+    # what build_prompt_dataset kept, and the curriculum's pre-pass
+    report: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -224,16 +230,51 @@ def _warm_start(run: _Run) -> WarmStart:
 # -- a GRPO stage -------------------------------------------------------------------------------
 
 
+def _budget(run: _Run) -> Budget:
+    limits = run.config.budget
+    return Budget(
+        max_steps=limits.max_steps, max_tokens=limits.max_tokens, max_cost_usd=limits.max_cost_usd
+    )
+
+
+def _curriculum_rows(run: _Run) -> list[dict[str, Any]]:
+    """The prompt rows in the order of ``training.curriculum``, after its pre-pass (run by
+    the main process; the others read its verdicts from the run folder)."""
+    settings = run.config.curriculum
+    assert settings.reference_worker is not None
+    by_id = {t.id: t for t in run.tasks}
+    tasks = [by_id[str(row["id"])] for row in run.rows]
+    reward = ConductorReward(
+        run.pool.call,
+        run.pool.names,
+        run.descriptions,
+        run.prompt_config,
+        run.config.reward,
+        budget=_budget(run),
+        prices=run.pool.prices or None,
+    )
+    saved = run.run_dir / VERDICTS_FILE
+    with run.timed("curriculum"):
+        if is_main_process():
+            reference_pass(tasks, reward, settings.reference_worker, saved=saved)
+        wait_for_everyone()
+        passed = reference_pass(tasks, reward, settings.reference_worker, saved=saved)
+    run.report.update(passed.report())
+    return curriculum_order(
+        run.rows,
+        passed.unsolved,
+        settings,
+        prompts_per_step=run.config.grpo.prompts_per_step,
+        balanced_domains=run.config.grpo.balanced_domains,
+        seed=run.config.seed,
+    )
+
+
 def _reward(
     run: _Run, stage: _Stage, stats: RolloutStats, samples: RolloutSampleLog | None
 ) -> ConductorReward:
     """The workflow-executing reward of ``stage``, under the run's per-rollout budget."""
     config = run.config
-    budget = Budget(
-        max_steps=config.budget.max_steps,
-        max_tokens=config.budget.max_tokens,
-        max_cost_usd=config.budget.max_cost_usd,
-    )
     return ConductorReward(
         run.pool.call,
         run.pool.names,
@@ -241,7 +282,7 @@ def _reward(
         run.prompt_config,
         config.reward,
         num_generations=config.grpo.num_generations,
-        budget=budget,
+        budget=_budget(run),
         prices=run.pool.prices or None,
         recursion_share=config.recursion.share if stage.recursion else 0.0,
         recursion_discount=config.recursion.discount,
@@ -401,6 +442,8 @@ def train_conductor(
     run.rows, run.report = build_prompt_dataset(
         run.tasks, tokenizer, run.descriptions, run.prompt_config, config
     )
+    if config.curriculum.reference_worker:
+        run.rows = _curriculum_rows(run)
     log.info("training prompts: %s", run.report)
 
     warm: WarmStart | None = None

@@ -107,8 +107,8 @@ def grpo_args(
         entropy_coef=g.entropy_coef,
         scale_rewards=g.scale_rewards,
         num_iterations=g.num_iterations,
-        # balanced_domains: the rows are already in the order the steps take them
-        shuffle_dataset=not g.balanced_domains,
+        # the rows are already in the order the steps take them
+        shuffle_dataset=not (g.balanced_domains or config.curriculum.reference_worker),
         save_strategy="steps",
         save_steps=g.save_steps,
         save_total_limit=g.save_total_limit,

@@ -193,7 +193,12 @@ def _train(
         raise missing from err
     log_metrics(
         {f"training/seconds_{k}": v for k, v in result.seconds.items()}
-        | {"training/prompts": float(result.dataset["n_prompts"])},
+        | {"training/prompts": float(result.dataset["n_prompts"])}
+        | {
+            f"training/{key}": float(value)
+            for key, value in result.dataset.items()
+            if key.startswith("curriculum_") and isinstance(value, int)
+        },
         result.global_step,
     )
     logger.info(
