@@ -69,6 +69,7 @@ def test_train_and_register_a_conductor_version(tiny_model_dir, tmp_path, monkey
         },
         "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
         "sft": {"enabled": True, "n_examples": 4, "max_steps": 1, "batch_size": 2},
+        "curriculum": {"reference_worker": "sim-bad"},  # wrong on every question
     }
     frame = pd.DataFrame([t.to_record() for t in tasks])
     with mlflow.start_run() as run:
@@ -86,6 +87,9 @@ def test_train_and_register_a_conductor_version(tiny_model_dir, tmp_path, monkey
     assert [(m.step, m.value) for m in loss_steps] == [(1, sft_history["loss"].iloc[0])]
     metrics = client.get_run(run.info.run_id).data.metrics
     assert "grpo/reward/mean" in metrics and "grpo/rollouts/parse_rate" in metrics
+    # the curriculum's pre-pass, counted
+    assert metrics["training/curriculum_wrong"] == 4.0
+    assert metrics["training/curriculum_right"] == metrics["training/curriculum_unscored"] == 0.0
     assert version["version"] == "1" and version["name"] == "conductor"
     tags = client.get_model_version("conductor", "1").tags
     for key in ("base_model", "pool_fingerprint", "data_version", "config_fingerprint"):
