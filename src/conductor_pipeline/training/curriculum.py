@@ -10,8 +10,8 @@ gets wrong, the reward turns on whether a workflow brought in the worker that ca
 So before GRPO a pre-pass asks one reference worker (``curriculum.reference_worker``) every
 training question once, alone, and scores its answer with the question's verifier, through
 the same reward code as the rollouts. The steps then draw ``unsolved_share`` of their
-questions from those it got wrong, the rest from those it got right (one domain after the
-other, as before, with ``grpo.balanced_domains``). It is the pass-rate filtering of RL
+questions from those it got wrong, the rest from the others (right, or unscored when its
+call failed; one domain after the other, as before, with ``grpo.balanced_domains``). It is the pass-rate filtering of RL
 data preparation, with one worker's pass as the rate. On real workers it costs one call per
 training question, once per run: the verdicts are kept in the run folder, so a resumed run
 draws the same questions in the same order.

@@ -255,10 +255,12 @@ def _curriculum_rows(run: _Run) -> list[dict[str, Any]]:
     )
     saved = run.run_dir / VERDICTS_FILE
     with run.timed("curriculum"):
-        if is_main_process():
-            reference_pass(tasks, reward, settings.reference_worker, saved=saved)
+        main = is_main_process()
+        if main:
+            passed = reference_pass(tasks, reward, settings.reference_worker, saved=saved)
         wait_for_everyone()
-        passed = reference_pass(tasks, reward, settings.reference_worker, saved=saved)
+        if not main:  # reads the verdicts the main process wrote
+            passed = reference_pass(tasks, reward, settings.reference_worker, saved=saved)
     run.report.update(passed.report())
     return curriculum_order(
         run.rows,
