@@ -223,6 +223,28 @@ def test_start_timeout_names_the_status_and_stops_the_server():
     assert "no tasks loaded" in server.last_log
 
 
+@pytest.mark.slow
+def test_a_start_without_waiting_for_the_model_answers_first_and_is_ready_later():
+    server = SandboxServer(tasks=TASKS, latency_scale=0.0)
+    try:
+        server.start(wait_for_model=False)
+        assert httpx.get(f"{server.url}/health", timeout=5).status_code in (200, 503)
+        server.wait_until_ready()
+        assert httpx.get(f"{server.url}/health", timeout=5).json()["status"] == "ok"
+    finally:
+        server.stop()
+
+
+def test_a_model_that_cannot_load_fails_the_wait_for_it_and_stops_the_server(tmp_path: Path):
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the model's folder should be")
+    server = SandboxServer(tasks=TASKS, latency_scale=0.0, model_cache_dir=not_a_folder)
+    server.start(wait_for_model=False)  # the simulated workers answer before the model fails
+    with pytest.raises(SandboxStartError, match="failed to load its real model"):
+        server.wait_until_ready()
+    assert not server.running
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` is a live process; an exited one whose new parent has not reaped it
     yet (a zombie) counts as gone."""

@@ -298,6 +298,7 @@ class SandboxServer:
         self.real_model_concurrency = real_model_concurrency
         self._log_path = Path(log_path) if log_path else None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
+        self._port_file: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._log_handle: Any = None
         self.last_log = ""  # the subprocess's output, kept after stop() removes its folder
@@ -330,7 +331,10 @@ class SandboxServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> SandboxServer:
+    def start(self, *, wait_for_model: bool = True) -> SandboxServer:
+        """Launch the server and wait until it answers. With ``wait_for_model=False`` it
+        returns once the server answers while its real model may still be loading, so the
+        caller can do its own start-up meanwhile and then call :meth:`wait_until_ready`."""
         if self._process is not None:
             raise RuntimeError("sandbox server already started")
         self._workdir = tempfile.TemporaryDirectory(prefix="conductor-sandbox-")
@@ -342,7 +346,7 @@ class SandboxServer:
                 for task in self._tasks:
                     handle.write(json.dumps(task.to_record()) + "\n")
             paths.append(inline)
-        port_file = work / "port"
+        port_file = self._port_file = work / "port"
         if self._log_path is None:
             self._log_path = work / "server.log"
         cmd = [
@@ -381,11 +385,22 @@ class SandboxServer:
             start_new_session=True,  # Ctrl-C goes to the parent, which stops us in order
         )
         try:
-            self._wait_until_healthy(port_file)
+            self._wait_until_healthy(port_file, loading_is_enough=not wait_for_model)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wait_until_ready(self) -> None:
+        """Block until the started server's real model is loaded (at once without one); a
+        model that failed to load raises :class:`SandboxStartError`, and the server stops."""
+        if self._process is None:
+            raise RuntimeError("sandbox server not started")
+        try:
+            self._wait_until_healthy(self._port_file)  # type: ignore[arg-type]
+        except BaseException:
+            self.stop()
+            raise
 
     def _log_tail(self, chars: int = 3000) -> str:
         if self._log_path is None or not self._log_path.exists():
@@ -393,7 +408,7 @@ class SandboxServer:
         data = self._log_path.read_bytes()[-chars:].decode("utf-8", errors="replace")
         return data.strip() or "(no output)"
 
-    def _wait_until_healthy(self, port_file: Path) -> None:
+    def _wait_until_healthy(self, port_file: Path, *, loading_is_enough: bool = False) -> None:
         import httpx
 
         assert self._process is not None
@@ -413,6 +428,8 @@ class SandboxServer:
                         return
                     payload = response.json()
                     status = payload.get("status", str(response.status_code))
+                    if status == "loading" and loading_is_enough:
+                        return
                     if status == "error":
                         raise SandboxStartError(
                             f"sandbox server failed to load its real model: {payload.get('detail')}\n"
