@@ -96,6 +96,25 @@ def _scripted(monkeypatch, question: str) -> list[dict]:
     return calls
 
 
+def test_the_policy_loads_while_the_pool_starts_and_its_failure_stops_the_ask(project, monkeypatch):
+    class Policy(ScriptedPolicy):
+        def load(self) -> None:
+            loaded.append(True)
+            if failing:
+                raise OSError("adapter_model.safetensors: truncated file")
+
+    loaded: list[bool] = []
+    failing = False
+    text = f"model_id = [1]\nsubtasks = ['{QUESTION}']\naccess_list = [[]]"
+    monkeypatch.setattr(
+        "conductor_pipeline.workflow.config.build_policy", lambda *a, **k: Policy(text)
+    )
+    assert cli.main(["ask", QUESTION, "--json"]) == 0 and loaded == [True]
+    failing = True
+    with pytest.raises(OSError, match="truncated file"):
+        cli.main(["ask", QUESTION, "--json"])
+
+
 def test_an_unknown_question_gets_a_notice_on_stderr(project, monkeypatch, capsys):
     question = "What is 9 * 8?"
     _scripted(monkeypatch, question)
@@ -204,6 +223,10 @@ def test_an_adapter_folder_is_passed_to_the_policy(project, monkeypatch):
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
     calls = _scripted(monkeypatch, QUESTION)
+    # a config without weights would fail deep inside PEFT's loading: refused by name first
+    with pytest.raises(SystemExit, match="adapter_config.json but no weights there"):
+        cli.main(["ask", QUESTION, "--adapter", str(adapter), "--json"])
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
     assert cli.main(["ask", QUESTION, "--adapter", str(adapter), "--json"]) == 0
     assert calls == [{"adapter_dir": str(adapter)}]
 

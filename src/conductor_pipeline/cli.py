@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -154,8 +155,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
         )
         return result, checked
 
-    with open_worker_pool(config.worker_pool, config.credentials, root=config.root) as pool:
-        result, checked = asyncio.run(ask(pool))
+    # the local policy loads while the worker pool starts (the sandbox loads its own model)
+    with concurrent.futures.ThreadPoolExecutor(1) as loader:
+        loading = loader.submit(policy.load) if hasattr(policy, "load") else None
+        with open_worker_pool(config.worker_pool, config.credentials, root=config.root) as pool:
+            if loading is not None:
+                loading.result()
+            result, checked = asyncio.run(ask(pool))
     # the same marks as the API's `conductor` record
     marks = simulation_marks(result, checked)
     record = result.to_dict()

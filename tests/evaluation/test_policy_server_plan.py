@@ -24,8 +24,9 @@ SERVING = {"vllm": {"base_model": "Qwen/Qwen2.5-7B-Instruct", "executable": "vll
 def adapter(tmp_path):
     folder = tmp_path / "adapter"
     (folder / "warm_start").mkdir(parents=True)
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 8}))
-    (folder / "warm_start" / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    for each in (folder, folder / "warm_start"):
+        (each / "adapter_config.json").write_text(json.dumps({"r": 8}))
+        (each / "adapter_model.safetensors").write_bytes(b"")
     return folder
 
 
@@ -45,6 +46,7 @@ def test_the_launched_server_serves_each_adapter_under_its_own_name(adapter, mon
     champion_dir = adapter.parent / "champion"
     champion_dir.mkdir()
     (champion_dir / "adapter_config.json").write_text(json.dumps({"r": 16}))
+    (champion_dir / "adapter_model.safetensors").write_bytes(b"")
     champion = ServedModel(
         version="1",
         registered_name="conductor",

@@ -147,6 +147,7 @@ def registered(tmp_path) -> Path:
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
     client = MlflowClient()
     client.create_registered_model("conductor")
     for _ in range(2):
@@ -178,7 +179,10 @@ def test_nothing_registered_serves_the_base_policy():
 def test_adapter_folder(registered, tmp_path):
     served = resolve_served_model(None, adapter_path=str(registered))
     assert served.version == "adapter" and served.adapter_dir == str(registered)
-    with pytest.raises(ModelResolutionError, match="adapter_config.json"):
+    with pytest.raises(ModelResolutionError, match="no adapter_config.json"):
+        resolve_served_model(None, adapter_path=str(tmp_path))
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(ModelResolutionError, match="but no weights there"):
         resolve_served_model(None, adapter_path=str(tmp_path))
 
 

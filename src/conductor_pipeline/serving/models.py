@@ -96,6 +96,10 @@ def _use_project_store(root: Path | None) -> None:
         mlflow.set_tracking_uri(mlflow_tracking_uri(root))
 
 
+# the files PEFT reads a LoRA adapter's weights from
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
 def resolve_served_model(
     reference: str | None,
     *,
@@ -112,6 +116,11 @@ def resolve_served_model(
         if not (folder / "adapter_config.json").is_file():
             raise ModelResolutionError(
                 f"--adapter {adapter_path}: no adapter_config.json there (expected a PEFT LoRA folder)"
+            )
+        if not any((folder / name).is_file() for name in ADAPTER_WEIGHTS):
+            raise ModelResolutionError(
+                f"--adapter {adapter_path}: adapter_config.json but no weights there "
+                f"(expected {' or '.join(ADAPTER_WEIGHTS)})"
             )
         return ServedModel(version="adapter", reference=str(folder), adapter_dir=str(folder))
     if not reference:
