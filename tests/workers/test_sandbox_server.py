@@ -236,9 +236,9 @@ def test_a_start_without_waiting_for_the_model_answers_first_and_is_ready_later(
 
 
 def test_a_model_that_cannot_load_fails_the_wait_for_it_and_stops_the_server(tmp_path: Path):
-    not_a_folder = tmp_path / "cache"
-    not_a_folder.write_text("a file where the model's folder should be")
-    server = SandboxServer(tasks=TASKS, latency_scale=0.0, model_cache_dir=not_a_folder)
+    not_a_folder = tmp_path / "models"
+    not_a_folder.write_text("a file where the cache's parent folder should be")
+    server = SandboxServer(tasks=TASKS, latency_scale=0.0, model_cache_dir=not_a_folder / "smollm2")
     server.start(wait_for_model=False)  # the simulated workers answer before the model fails
     with pytest.raises(SandboxStartError, match="failed to load its real model"):
         server.wait_until_ready()
