@@ -156,6 +156,19 @@ def test_warm_start_planner_draws_workers_at_random_in_every_shape():
     assert all(len(workers) >= 4 for workers in solvers.values()), solvers
 
 
+@pytest.mark.parametrize("distinct", [True, False])
+def test_the_checker_is_never_a_solver_unless_asked(distinct):
+    """A self-check gains nothing (persistent errors, the paper's Table 7): by default the
+    worker that checks or aggregates is another than the solvers, still drawn at random."""
+    settings = TrainingConfig.from_params({"sft": {"distinct_checker": distinct}}).sft
+    planner = ReferencePlanner(["a", "b", "c", "d"], settings, question_to_workers=True)
+    plans = [planner.plan(make_task(i, i, 1)) for i in range(300)]
+    multi = [[s.worker for s in p.workflow.steps] for p in plans if p.shape != "single"]
+    own = sum(workers[-1] in workers[:-1] for workers in multi)
+    assert (own == 0) if distinct else (own > 20), own
+    assert {workers[-1] for workers in multi} == {0, 1, 2, 3}
+
+
 def test_warm_start_defaults_write_one_wording_per_role_and_mostly_multi_step():
     """The default examples: multi-step shapes weigh most, a parallel workflow has two
     attempts, and each role has one fixed wording (lists of equal length are easier to

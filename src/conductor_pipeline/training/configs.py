@@ -245,7 +245,8 @@ class SFTSettings:
     constant rate the last grouped batches decided which shapes the warm start wrote, so
     keep it with a decaying schedule. ``model_id_last``: the examples write the worker ids
     after the subtasks and the access list, so that their count follows the shape already
-    written (docs/measurements.md, "The warm start at GRPO step 1").
+    written (docs/measurements.md, "The warm start at GRPO step 1"). ``distinct_checker``:
+    the worker that checks or aggregates is never one of the example's solvers.
     """
 
     enabled: bool = True
@@ -263,6 +264,7 @@ class SFTSettings:
     max_parallel_attempts: int = 2
     subtask_wordings: int = 1
     model_id_last: bool = False
+    distinct_checker: bool = True
     domain_workers: Mapping[str, str] = field(default_factory=dict)
     default_worker: str = "sim-sage"
     verifier_worker: str = "sim-sage"

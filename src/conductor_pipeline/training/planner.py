@@ -10,6 +10,11 @@ example is drawn at random, seeded by the task id:
 - ``parallel_aggregate``: two (up to ``max_parallel_attempts``) workers solve it
   independently, one more sees every attempt and gives the answer.
 
+With ``distinct_checker`` (the default) the worker that checks or aggregates is never one of
+the solvers, as a second opinion comes from someone else: a worker checking its own answer
+gains nothing, in the sandbox as in the paper's Table 7, and a warm start that wrote "A, then
+A" taught GRPO to spend steps on it. Which workers, still, is drawn at random.
+
 The shape is drawn with the weights in ``SFTSettings.shapes``. GRPO can only reinforce
 what the warm start already writes, so the multi-step shapes get most of the examples by
 default. Subtasks are drawn from ``subtask_wordings`` wordings per role. One each is the
@@ -124,6 +129,9 @@ class ReferencePlanner:
         solvers = rng.sample(range(n), min(count - 1, n))
         while len(solvers) < count - 1:
             solvers.append(rng.randrange(n))
+        others = [w for w in range(n) if w not in solvers]
+        if self.settings.distinct_checker and others:
+            return [*solvers, rng.choice(others)]
         return [*solvers, rng.randrange(n)]
 
     def _wording(self, wordings: Sequence[str], rng: random.Random) -> str:
