@@ -129,9 +129,10 @@ class ReferencePlanner:
         solvers = rng.sample(range(n), min(count - 1, n))
         while len(solvers) < count - 1:
             solvers.append(rng.randrange(n))
-        others = [w for w in range(n) if w not in solvers]
-        if self.settings.distinct_checker and others:
-            return [*solvers, rng.choice(others)]
+        if self.settings.distinct_checker:
+            others = [w for w in range(n) if w not in solvers]
+            if others:  # a pool no larger than the solvers has no other worker to check
+                return [*solvers, rng.choice(others)]
         return [*solvers, rng.randrange(n)]
 
     def _wording(self, wordings: Sequence[str], rng: random.Random) -> str:

@@ -346,7 +346,7 @@ class SandboxServer:
                 for task in self._tasks:
                     handle.write(json.dumps(task.to_record()) + "\n")
             paths.append(inline)
-        port_file = self._port_file = work / "port"
+        self._port_file = work / "port"
         if self._log_path is None:
             self._log_path = work / "server.log"
         cmd = [
@@ -358,7 +358,7 @@ class SandboxServer:
             "--port",
             str(self.port),
             "--port-file",
-            str(port_file),
+            str(self._port_file),
             "--profiles",
             str(self.profiles_path),
             "--seed",
@@ -384,11 +384,7 @@ class SandboxServer:
             env=env,
             start_new_session=True,  # Ctrl-C goes to the parent, which stops us in order
         )
-        try:
-            self._wait_until_healthy(port_file, loading_is_enough=not wait_for_model)
-        except BaseException:
-            self.stop()
-            raise
+        self._wait_or_stop(loading_is_enough=not wait_for_model)
         return self
 
     def wait_until_ready(self) -> None:
@@ -396,8 +392,11 @@ class SandboxServer:
         model that failed to load raises :class:`SandboxStartError`, and the server stops."""
         if self._process is None:
             raise RuntimeError("sandbox server not started")
+        self._wait_or_stop(loading_is_enough=False)
+
+    def _wait_or_stop(self, *, loading_is_enough: bool) -> None:
         try:
-            self._wait_until_healthy(self._port_file)  # type: ignore[arg-type]
+            self._wait_until_healthy(loading_is_enough=loading_is_enough)
         except BaseException:
             self.stop()
             raise
@@ -408,10 +407,11 @@ class SandboxServer:
         data = self._log_path.read_bytes()[-chars:].decode("utf-8", errors="replace")
         return data.strip() or "(no output)"
 
-    def _wait_until_healthy(self, port_file: Path, *, loading_is_enough: bool = False) -> None:
+    def _wait_until_healthy(self, *, loading_is_enough: bool) -> None:
         import httpx
 
-        assert self._process is not None
+        assert self._process is not None and self._port_file is not None
+        port_file = self._port_file
         deadline = time.monotonic() + self.startup_timeout_s
         status = "not started"
         while time.monotonic() < deadline:
