@@ -219,7 +219,31 @@ def test_pool_config_entries(profiles):
 
 
 def test_normalise_text():
-    assert normalise_text("  Hello,   WORLD!\n(x_1)  ") == "hello world x 1"
+    assert normalise_text("  Hello,   WORLD!\n(x_1)  ") == "hello world ( x 1 )"
+    assert normalise_text("Calculate -( -1 + -5 ).") == "calculate - ( - 1 + - 5 )"
+
+
+@pytest.mark.parametrize(
+    "questions",
+    [
+        # short questions, matched whole: the signs tell them apart
+        ["Calculate 5 + 1.", "Calculate -5 + 1.", "Calculate 5 * 1.", "Calculate -( 5 + 1 )."],
+        # long questions, matched by 6-grams: the same words, other brackets
+        [
+            f"Return True when every opening bracket in brackets has a closing one. {pair}"
+            " Examples follow below for the reader."
+            for pair in ('"<" and ">"', '"(" and ")"')
+        ],
+    ],
+)
+def test_index_tells_apart_questions_that_differ_only_in_signs(questions):
+    tasks = [
+        Task(f"q{i}", "math", "easy", q, str(i), "number", "numeric", "hand")
+        for i, q in enumerate(questions)
+    ]
+    index = TaskIndex(tasks)
+    for task in tasks:
+        assert index.scan(f"Please solve: {task.question}")[0].task.id == task.id
 
 
 def test_index_finds_a_visible_question_inside_other_text(index):

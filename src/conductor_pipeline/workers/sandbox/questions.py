@@ -65,8 +65,8 @@ def recognise(index: TaskIndex, text: str) -> QuestionCheck:
     matches = index.scan(text, min_coverage=RECOGNISED_SHARE)
     if not matches:
         return QuestionCheck(known=False)
-    # 6-grams drop punctuation, and with it operators ("Calculate 9 + 3." reads as the
-    # prepared "Calculate 9 * 3."): a whole match must also hold the question's symbols
+    # 6-grams keep words and operators but drop other punctuation (a decimal point, a
+    # comma in a number): a whole match must also hold the question's characters
     compact = _compact(text)
     for match in matches:
         if match.coverage >= 1.0 and _compact(match.task.question).rstrip(".?!") in compact:

@@ -23,12 +23,16 @@ RECOGNISED_SHARE = 0.2
 TOKENS_PER_WORD = 1.3
 TOKENS_PER_MESSAGE = 3  # role and separators, as chat templates add
 
-_NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
+# a word, or one of the signs that change what a question asks: with them dropped, "Calculate
+# 5 + 1." read as "Calculate -5 + 1.", and two HumanEval problems that differ only in "<>"
+# against "()" as one, so a worker that solved one answered the other's answer
+_TOKEN = re.compile(r"[^\W_]+|[-+*/%^=<>()\[\]{}]", re.UNICODE)
 
 
 def normalise_text(text: str) -> str:
-    """Lowercase, punctuation replaced by spaces, whitespace collapsed."""
-    return " ".join(_NON_WORD.sub(" ", text.lower()).split())
+    """Lowercase words and the operator, comparison and bracket signs, space-separated; other
+    punctuation and whitespace dropped."""
+    return " ".join(_TOKEN.findall(text.lower()))
 
 
 def count_tokens(text: str) -> int:
