@@ -194,7 +194,13 @@ def test_gpu_parameters_are_unchanged_by_the_soft_merge(tmp_path):
     trained_after = TrainingConfig.from_params(after["training"])
     trained_before = TrainingConfig.from_params(before["training"])
     assert not trained_after.sft.enabled and not trained_before.sft.enabled
-    assert replace(trained_after, sft=trained_before.sft) == trained_before
+    # nor a curriculum, so the unsolved_share it inherits is never read either
+    assert trained_after.curriculum.reference_worker is None
+    assert trained_before.curriculum.reference_worker is None
+    assert (
+        replace(trained_after, sft=trained_before.sft, curriculum=trained_before.curriculum)
+        == trained_before
+    )
     assert EvaluationConfig.from_params(after["evaluation"]) == EvaluationConfig.from_params(
         before["evaluation"]
     )
