@@ -1,9 +1,9 @@
 """How a simulated worker sees the text it was sent: word counts as tokens, and which
 prepared tasks occur in it.
 
-A task is found by its question's word 6-grams (:class:`TaskIndex`): it is **visible** when
-at least 60 % of them occur in the text, **recognised** (seen, but too garbled to solve) from
-20 %. The simulated worker (:mod:`.simulated`) decides how to answer from that.
+A task is found by its question's 6-grams of words and signs (:func:`normalise_text`,
+:class:`TaskIndex`): it is **visible** when at least 60 % of them occur in the text,
+**recognised** (seen, but too garbled to solve) from 20 %. The simulated worker (:mod:`.simulated`) decides how to answer from that.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ class TaskMatch:
 class TaskIndex:
     """Finds which prepared tasks a block of text contains.
 
-    Questions and texts are normalised (:func:`normalise_text`) and cut into word 6-grams.
-    A question's coverage is the share of its distinct 6-grams present in the text; a
-    question shorter than six words counts as covered when it occurs whole.
+    Questions and texts are normalised (:func:`normalise_text`) and cut into 6-grams of
+    words and signs. A question's coverage is the share of its distinct 6-grams present in
+    the text; a question shorter than six of them counts as covered when it occurs whole.
 
     Lookup is an inverted index over *rare* 6-grams (held by at most ``rare_limit``
     questions); boilerplate shared by many questions only enters the exact coverage count
