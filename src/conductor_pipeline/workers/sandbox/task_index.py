@@ -3,7 +3,8 @@ prepared tasks occur in it.
 
 A task is found by its question's 6-grams of words and signs (:func:`normalise_text`,
 :class:`TaskIndex`): it is **visible** when at least 60 % of them occur in the text,
-**recognised** (seen, but too garbled to solve) from 20 %. The simulated worker (:mod:`.simulated`) decides how to answer from that.
+**recognised** (seen, but too garbled to solve) from 20 %. The simulated worker
+(:mod:`.simulated`) decides how to answer from that.
 """
 
 from __future__ import annotations
