@@ -56,6 +56,10 @@ def test_recognise_on_the_index():
     assert recognise(short, "Calculate 9 * 3.").known
     assert recognise(short, "calculate 9 *3").known
     assert not recognise(short, "Calculate 9 * 4.").known
+    # the question must not run on into a longer number; words after it are fine
+    assert not recognise(short, "Calculate 9 * 3.5").known
+    assert not recognise(short, "Calculate 9 * 35.").known
+    assert recognise(short, "Calculate 9 * 3. Thanks!").known
     # same words, another operator: another question, not this one
     plus = recognise(short, "Calculate 9 + 3.")
     assert not plus.known and plus.task_id is None

@@ -10,6 +10,7 @@ anything else, they reply with plausible but made-up answers, so a caller has to
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,10 +67,12 @@ def recognise(index: TaskIndex, text: str) -> QuestionCheck:
     if not matches:
         return QuestionCheck(known=False)
     # 6-grams keep words and operators but drop other punctuation (a decimal point, a
-    # comma in a number): a whole match must also hold the question's characters
+    # comma in a number): a whole match must also hold the question's characters, and not
+    # run on into a longer number ("Calculate 9 * 3.5" is not "Calculate 9 * 3.")
     compact = _compact(text)
     for match in matches:
-        if match.coverage >= 1.0 and _compact(match.task.question).rstrip(".?!") in compact:
+        whole = re.escape(_compact(match.task.question).rstrip(".?!")) + _NUMBER_GOES_ON
+        if match.coverage >= 1.0 and re.search(whole, compact):
             return QuestionCheck(known=True, task_id=match.task.id, coverage=1.0)
     best = matches[0]
     return QuestionCheck(known=False, task_id=best.task.id, coverage=round(best.coverage, 4))
@@ -102,6 +105,10 @@ def simulation_marks(result: OrchestrationResult, check: QuestionCheck | None) -
         "sandbox_known_question": check.known if check is not None else None,
         "warning": check.warning if check is not None else None,
     }
+
+
+# after a question found whole: not a digit, nor a decimal point or comma and a digit
+_NUMBER_GOES_ON = r"(?!\d|[.,]\d)"
 
 
 def _compact(text: str) -> str:
