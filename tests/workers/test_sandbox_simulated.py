@@ -26,7 +26,6 @@ from conductor_pipeline.workers.sandbox.simulated import (
     break_code,
     extract_attempts,
     is_correct,
-    normalise_text,
     render_answer,
     wrong_answer,
 )
@@ -216,11 +215,6 @@ def test_pool_config_entries(profiles):
 
 
 # --- recognising tasks --------------------------------------------------------------------
-
-
-def test_normalise_text():
-    assert normalise_text("  Hello,   WORLD!\n(x_1)  ") == "hello world ( x 1 )"
-    assert normalise_text("Calculate -( -1 + -5 ).") == "calculate - ( - 1 + - 5 )"
 
 
 @pytest.mark.parametrize(

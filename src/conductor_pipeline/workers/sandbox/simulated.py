@@ -65,7 +65,6 @@ from conductor_pipeline.workers.sandbox.task_index import (
     TaskMatch,
     count_tokens,
     message_text,
-    normalise_text,
     prompt_token_count,
 )
 
@@ -87,7 +86,6 @@ __all__ = [
     "is_correct",
     "letter_count",
     "message_text",
-    "normalise_text",
     "prompt_token_count",
     "render_answer",
     "visible_reply_mode",

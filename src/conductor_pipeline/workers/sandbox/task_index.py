@@ -1,7 +1,8 @@
 """How a simulated worker sees the text it was sent: word counts as tokens, and which
 prepared tasks occur in it.
 
-A task is found by its question's 6-grams of words and signs (:func:`normalise_text`,
+A task is found by its question's 6-grams of words and signs (normalised as the data
+preparation compares questions, :func:`~conductor_pipeline.tasks.splits.normalise_question`;
 :class:`TaskIndex`): it is **visible** when at least 60 % of them occur in the text,
 **recognised** (seen, but too garbled to solve) from 20 %. The simulated worker
 (:mod:`.simulated`) decides how to answer from that.
@@ -10,11 +11,11 @@ A task is found by its question's 6-grams of words and signs (:func:`normalise_t
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from conductor_pipeline.tasks.splits import normalise_question
 from conductor_pipeline.tasks.types import Task
 
 NGRAM = 6
@@ -23,17 +24,6 @@ VISIBLE_SHARE = 0.6
 RECOGNISED_SHARE = 0.2
 TOKENS_PER_WORD = 1.3
 TOKENS_PER_MESSAGE = 3  # role and separators, as chat templates add
-
-# a word, or one of the signs that change what a question asks: with them dropped, "Calculate
-# 5 + 1." read as "Calculate -5 + 1.", and two HumanEval problems that differ only in "<>"
-# against "()" as one, so a worker that solved one answered the other's answer
-_TOKEN = re.compile(r"[^\W_]+|[-+*/%^=<>()\[\]{}]", re.UNICODE)
-
-
-def normalise_text(text: str) -> str:
-    """Lowercase words and the operator, comparison and bracket signs, space-separated; other
-    punctuation and whitespace dropped."""
-    return " ".join(_TOKEN.findall(text.lower()))
 
 
 def count_tokens(text: str) -> int:
@@ -80,8 +70,8 @@ class TaskMatch:
 class TaskIndex:
     """Finds which prepared tasks a block of text contains.
 
-    Questions and texts are normalised (:func:`normalise_text`) and cut into 6-grams of
-    words and signs. A question's coverage is the share of its distinct 6-grams present in
+    Questions and texts are normalised as the data preparation compares questions, and cut
+    into 6-grams of words and signs. A question's coverage is the share of its distinct 6-grams present in
     the text; a question shorter than six of them counts as covered when it occurs whole.
 
     Lookup is an inverted index over *rare* 6-grams (held by at most ``rare_limit``
@@ -102,7 +92,7 @@ class TaskIndex:
             pos = len(self._tasks)
             self._tasks.append(task)
             self._by_id[task.id] = task
-            words = normalise_text(task.question).split()
+            words = normalise_question(task.question).split()
             grams = frozenset(_gram_hashes(words))
             self._grams.append(grams)
             if not grams:
@@ -134,7 +124,7 @@ class TaskIndex:
 
         Ties are broken by longer question (more specific), then by id.
         """
-        words = normalise_text(text).split()
+        words = normalise_question(text).split()
         text_grams = set(_gram_hashes(words))
         candidates: set[int] = set(self._only_common)
         for gram in text_grams:
