@@ -71,8 +71,9 @@ class TaskIndex:
     """Finds which prepared tasks a block of text contains.
 
     Questions and texts are normalised as the data preparation compares questions, and cut
-    into 6-grams of words and signs. A question's coverage is the share of its distinct 6-grams present in
-    the text; a question shorter than six of them counts as covered when it occurs whole.
+    into 6-grams of words and signs. A question's coverage is the share of its distinct
+    6-grams present in the text; a question shorter than six of them counts as covered when
+    it occurs whole.
 
     Lookup is an inverted index over *rare* 6-grams (held by at most ``rare_limit``
     questions); boilerplate shared by many questions only enters the exact coverage count
