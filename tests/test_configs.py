@@ -92,6 +92,17 @@ def test_the_promoted_conductor_is_evaluated_with_the_rounds_it_is_served_with(
     assert recursion.config.max_rounds == evaluation.conductor.recursion_rounds
 
 
+@pytest.mark.parametrize("env", ["base", "gpu"])
+def test_the_conductor_is_evaluated_with_the_parse_attempts_it_is_served_with(env):
+    """A reply that does not parse is sampled again by serving and ``conductor ask`` up to
+    ``conductor.max_parse_attempts`` times; the evaluation of the Conductor systems does the
+    same, or the table reports format failures users never see."""
+    params = load_project_config(env, root=REPO).parameters
+    served = orchestration_config(params["conductor"])
+    evaluated = EvaluationConfig.from_params(params["evaluation"]).conductor.max_parse_attempts
+    assert evaluated in (None, served.max_parse_attempts)
+
+
 def test_gpu_profile_trains_lora_at_a_lora_rate():
     """The paper's lr 1e-6 is for a full fine-tune; the gpu profile trains LoRA, whose
     update needs a rate well above that (about 10x) to move in 200 steps."""
