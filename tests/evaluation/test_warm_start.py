@@ -163,30 +163,3 @@ def test_no_adapter_or_not_listed_skips_silently(trained, tiny_model_dir, caplog
     config = EvaluationConfig.from_params({"systems": ["conductor"]})
     conductor = PolicyUnderTest(ScriptedConductor(), "v", "v", adapter_dir=str(trained))
     assert conductors.warm_start_policy(conductor, params, config) is None
-
-
-def test_the_sized_baselines_run_while_the_warm_start_is_still_writing():
-    """random-workflow and best-of-n need the conductor's results only, so they start as
-    soon as it is done, alongside the warm start, instead of after it: here the warm start
-    writes its first workflow only once a random-workflow answer is stored (were they to wait
-    for the warm start, it would wait until its 30 s run out)."""
-    store = ResultStore(None)
-
-    class WaitsForTheSizedBaselines(ScriptedConductor):
-        async def complete(self, messages, **kwargs):
-            async def sized_answered() -> None:
-                while not any(r.system == "random-workflow" for r in store.results()):
-                    await asyncio.sleep(0.01)
-
-            await asyncio.wait_for(sized_answered(), timeout=30)
-            return await super().complete(messages, **kwargs)
-
-    warm = PolicyUnderTest(WaitsForTheSizedBaselines(), "warm-start:abc", "sft only")
-    systems = {"systems": ["conductor", "warm-start", "random-workflow", "best-of-n"]}
-    run = _evaluate(
-        FakePool(TASKS), EvaluationConfig.from_params(systems), warm_start=warm, store=store
-    )
-    names = {r.system for r in run.results}
-    assert {"conductor", "warm-start", "random-workflow"} <= names
-    assert any(name.startswith("best-of-n") for name in names)
-    assert not any(r.infra_failure for r in run.results)

@@ -3,16 +3,13 @@
 Order of work (each pair is skipped when the store already holds it), by the phase each
 listed kind declares (:mod:`~conductor_pipeline.evaluation.kinds`):
 
-1. At once: ``conductor``, then the other Conductor systems (``conductor+recursion``,
-   ``champion``, ``warm-start``, ``base-policy``; at most ``conductor.in_flight`` questions
-   in flight each, their samples batched), and the solo runs of every worker on the test
-   questions and on the validation questions the router (and ``handcrafted``) pick workers
-   from, followed by ``moa`` (whose first layer then comes from the response cache) and
-   ``handcrafted``.
-2. Once ``conductor`` itself is done, alongside the other Conductor systems, which run after
-   it: ``random-workflow`` (sized by its mean workflow length) and ``best-of-n`` (``n``
-   matched to its mean cost). Started any later, their worker calls (chains of three, some
-   on the real worker) would run on their own once every Conductor is done.
+1. At once: the Conductor systems (``conductor``, ``conductor+recursion``, ``champion``,
+   ``warm-start``, ``base-policy``; at most ``conductor.in_flight`` questions in flight,
+   their samples batched), and the solo runs of every worker on the test questions and on
+   the validation questions the router (and ``handcrafted``) pick workers from, followed by
+   ``moa`` (whose first layer then comes from the response cache) and ``handcrafted``.
+2. Once the Conductor is done: ``random-workflow`` (sized by its mean workflow length) and
+   ``best-of-n`` (``n`` matched to its mean cost).
 3. Derived without calls: ``router`` and ``oracle``.
 
 A tqdm bar counts pairs; each finished pair is appended to the store before the next
@@ -318,20 +315,16 @@ async def evaluate(
     bar = _Progress(total, 0, progress)
     ctx.runner = runner = _Runner(store, bar)
 
-    async def run_conductors(systems: list[System]) -> None:
-        if systems:
-            in_flight = config.conductor.in_flight
-            ctx.results.update(await runner.run_interleaved(systems, test_tasks, "test", in_flight))
-
     async def conductor_phase() -> None:
-        # the sized kinds need the conductor's results only: they start with the other
-        # Conductor systems (whose samples shared with it are kept, whenever they run)
-        await run_conductors([s for s in conductor_systems if s.name == "conductor"])
-        others = [s for s in conductor_systems if s.name != "conductor"]
-        await asyncio.gather(run_conductors(others), _phase(ctx, kinds, "sized"))
+        if conductor_systems:
+            in_flight = config.conductor.in_flight
+            ctx.results.update(
+                await runner.run_interleaved(conductor_systems, test_tasks, "test", in_flight)
+            )
 
     try:
         await asyncio.gather(conductor_phase(), _phase(ctx, kinds, "workers"))
+        await _phase(ctx, kinds, "sized")  # sized from the Conductor's results
     finally:
         bar.close()
     await _phase(ctx, kinds, "derived")
