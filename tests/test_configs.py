@@ -103,6 +103,18 @@ def test_the_conductor_is_evaluated_with_the_parse_attempts_it_is_served_with(en
     assert evaluated in (None, served.max_parse_attempts)
 
 
+@pytest.mark.parametrize("env", ["base", "gpu"])
+def test_a_local_conductor_is_evaluated_in_the_precision_it_is_served_in(env):
+    """A server loads a local Conductor in ``serving.dtype``; evaluation and ``conductor
+    ask`` load it in ``conductor.policy.dtype``. Where the two differ, the table scores
+    texts the server does not write (bfloat16 changes some of them)."""
+    params = load_project_config(env, root=REPO).parameters
+    policy = params["conductor"]["policy"]
+    if policy.get("kind", "local") == "local":
+        served = serving_settings(params["serving"]).dtype
+        assert policy.get("dtype", "auto") == served
+
+
 def test_gpu_profile_trains_lora_at_a_lora_rate():
     """The paper's lr 1e-6 is for a full fine-tune; the gpu profile trains LoRA, whose
     update needs a rate well above that (about 10x) to move in 200 steps."""

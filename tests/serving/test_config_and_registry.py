@@ -97,7 +97,7 @@ def test_local_policy_precision_from_conductor_policy_and_for_a_server_from_serv
     from conductor_pipeline.serving.settings import serving_settings
     from conductor_pipeline.workflow import LocalPolicy
 
-    assert build_policy({"kind": "local"}).dtype == "float32"  # what evaluation measures
+    assert build_policy({"kind": "local"}).dtype == "auto"  # as a server loads it
     assert build_policy({"kind": "local", "dtype": "bfloat16"}).dtype == "bfloat16"
     with pytest.raises(ValueError, match="dtype must be one of"):
         LocalPolicy(dtype="float16")

@@ -151,9 +151,10 @@ MODEL_DTYPES = ("float32", "bfloat16", "auto")
 
 
 def model_dtype(name: str) -> Any:
-    """The torch dtype called ``name``: ``float32`` (what training and evaluation run),
-    ``bfloat16``, or ``auto``: bfloat16 where the CPU multiplies it in hardware (AMX or
-    AVX512-BF16), else float32 (elsewhere torch emulates bfloat16, slower than float32)."""
+    """The torch dtype called ``name``: ``float32`` (what training stores), ``bfloat16``,
+    or ``auto`` (the sandbox's default for serving, evaluation and ``conductor ask``):
+    bfloat16 where the CPU multiplies it in hardware (AMX or AVX512-BF16), else float32
+    (elsewhere torch emulates bfloat16, slower than float32)."""
     import torch
 
     if name not in MODEL_DTYPES:

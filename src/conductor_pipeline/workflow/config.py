@@ -124,7 +124,7 @@ def build_policy(policy: Mapping[str, Any], *, adapter_dir: str | None = None) -
             adapter_dir=adapter_dir,
             torch_threads=int(threads) if threads else None,
             lookup_tokens=policy.get("lookup_tokens", 8),
-            dtype=policy.get("dtype", "float32"),
+            dtype=policy.get("dtype", "auto"),
         )
     if kind == "endpoint":
         for key in ("model", "api_base"):
