@@ -41,18 +41,39 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+INSTALL = r'pip install --quiet[^"\n]* -e "\.\[([^\]]+)\]"'  # the project with its extras
+
+
+def test_every_install_of_the_environment_leaves_its_bytecode_compiled():
+    """pip installs without compiling (it compiles on one core) and compileall follows each
+    install on every core. Where PYTHONDONTWRITEBYTECODE is set, nothing compiles a package
+    later: every process that imports torch, transformers and the rest took 24 s, not 11."""
+    import sysconfig
+
+    makefile = (REPO / "Makefile").read_text()
+    for rule in (r"\$\(STAMP\): [^\n]*", r"\$\(NOTEBOOKS_STAMP\): \$\(STAMP\)"):
+        recipe = re.search(rf"^{rule}\n((?:\t[^\n]*\n)+)", makefile, re.M)
+        assert recipe, rule
+        lines = recipe.group(1).splitlines()
+        installs = [i for i, line in enumerate(lines) if "pip install" in line and "-e " in line]
+        assert installs and "compileall" in lines[installs[-1] + 1], rule
+    site = Path(sysconfig.get_path("purelib"))
+    for package in ("transformers", "torch", "kedro"):
+        assert (site / package / "__pycache__").is_dir(), f"{package} has no bytecode"
+
+
 def test_make_test_notebooks_and_viz_bring_in_the_notebooks_extra_and_make_run_does_not():
     makefile = (REPO / "Makefile").read_text()
     recipe = re.search(r"^\$\(NOTEBOOKS_STAMP\): \$\(STAMP\)\n((?:\t[^\n]*\n)+)", makefile, re.M)
     assert recipe, "no rule for the notebooks stamp"
-    install = re.search(r'pip install --quiet -e "\.\[([^\]]+)\]"', recipe.group(1))
+    install = re.search(INSTALL, recipe.group(1))
     assert install and "notebooks" in install.group(1).split(","), "the rule lacks notebooks"
     for target in ("test", "test-fast", "notebooks", "viz"):
         assert re.search(rf"^{target}: \$\(NOTEBOOKS_STAMP\)", makefile, re.M), target
     assert re.search(r"^run: \$\(STAMP\)", makefile, re.M)
     base = re.search(r"^\$\(STAMP\): [^\n]*\n((?:\t[^\n]*\n)+)", makefile, re.M)
     assert base
-    assert re.findall(r'pip install --quiet -e "\.\[([^\]]+)\]"', base.group(1)) == ["test"]
+    assert re.findall(INSTALL, base.group(1)) == ["test"]
     assert re.search(
         r"^notebooks: \$\(NOTEBOOKS_STAMP\)[^\n]*\n\t\$\(BIN\)/kedro jupyter lab", makefile, re.M
     )
@@ -168,7 +189,11 @@ def test_the_notebook_loads_the_project_quietly_in_a_plain_kernel(tmp_path):
 def test_use_project_logging_keeps_a_chosen_file_and_allows_the_filter(tmp_path, monkeypatch):
     from conductor_pipeline.notebook_logging import FILTER_MODULE, use_project_logging
 
-    monkeypatch.delenv("KEDRO_LOGGING_CONFIG", raising=False)
+    # set, then removed: monkeypatch records an unset variable only so, and the value
+    # use_project_logging sets would outlive the test (the Kedro subprocesses of later tests
+    # would read a logging file whose filter they are not allowed to load)
+    monkeypatch.setenv("KEDRO_LOGGING_CONFIG", "")
+    monkeypatch.delenv("KEDRO_LOGGING_CONFIG")
     monkeypatch.setenv("KEDRO_LOGGING_MODULE_ALLOWLIST", "my_filters")
     # where an earlier test imported Kedro in this process, the file is applied at once
     (tmp_path / "conf/base").mkdir(parents=True)
