@@ -16,7 +16,7 @@ from conductor_pipeline.project import load_project_config
 from conductor_pipeline.serving.settings import serving_settings
 from conductor_pipeline.training.configs import FULL_FINETUNE_LR, TrainingConfig
 from conductor_pipeline.workers import load_worker_specs
-from conductor_pipeline.workflow.config import orchestration_config
+from conductor_pipeline.workflow.config import build_policy, orchestration_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +112,7 @@ def test_a_local_conductor_is_evaluated_in_the_precision_it_is_served_in(env):
     policy = params["conductor"]["policy"]
     if policy.get("kind", "local") == "local":
         served = serving_settings(params["serving"]).dtype
-        assert policy.get("dtype", "auto") == served
+        assert build_policy(policy).dtype == served  # the setting, or build_policy's default
 
 
 def test_gpu_profile_trains_lora_at_a_lora_rate():
