@@ -99,6 +99,11 @@ def test_train_and_register_a_conductor_version(tiny_model_dir, tmp_path, monkey
     assert (adapter_dir / "adapter_config.json").is_file()
     out = model.predict(pd.DataFrame({"question": ["What is 1 + 1?"]}), params={"max_tokens": 4})
     assert len(out) == 1 and isinstance(out[0], str)
+    # in the precision a served or evaluated Conductor computes in on this machine
+    from conductor_pipeline.workers.local_model import model_dtype
+
+    auto = str(model_dtype("auto")).removeprefix("torch.")
+    assert model.unwrap_python_model().policy.loaded_dtype == auto
 
 
 class _PoolAdapter:

@@ -32,7 +32,10 @@ class ConductorModel(mlflow.pyfunc.PythonModel):
     """Input: a ``question`` column (or a list of strings). Output: one workflow text each.
 
     ``params``: ``temperature`` (default 0: greedy), ``max_tokens`` (default: the training
-    completion length), ``seed``.
+    completion length), ``seed``. The model computes in ``model_config["dtype"]`` (default
+    ``auto``: bfloat16 where the CPU multiplies it in hardware, as ``conductor serve``,
+    evaluation and ``conductor ask`` load a local Conductor), so ``predict`` writes the texts
+    they write.
     """
 
     def load_context(self, context: Any) -> None:
@@ -51,7 +54,9 @@ class ConductorModel(mlflow.pyfunc.PythonModel):
         self.prompt_config = prompt_config(info.get("prompt"))
         self.max_tokens = int(config.get("max_completion_length", 512))
         self.policy = LocalPolicy(
-            model_dir=None if base == SMOLLM2 else base, adapter_dir=self.adapter_dir
+            model_dir=None if base == SMOLLM2 else base,
+            adapter_dir=self.adapter_dir,
+            dtype=str(config.get("dtype", "auto")),
         )
 
     def predict(
