@@ -127,3 +127,27 @@ def test_the_real_policy_serving_case_reports_one_users_latency(tmp_path):
         assert 0 < result["warm_p50_s"] <= result["warm_p95_s"]
         assert result["first_request_s"] > 0 and result["ready_s"] > 0
         assert set(result["warm_breakdown_mean_s"]) == {"conductor_s", "workers_s", "other_s"}
+
+
+def test_sft_benchmark_times_both_passes_on_a_tiny_model(tiny_model_dir, tmp_path):
+    """The `sft` suite's measurement on the tiny random Llama with LoRA on its last layer:
+    both passes run, and the recorded pass starts above the one frozen layer."""
+    from conductor_pipeline.benchmarks.training import sft_step_benchmark
+    from conductor_pipeline.training.configs import TrainingConfig
+    from conductor_pipeline.workflow import PromptConfig
+
+    config = TrainingConfig.from_params(
+        {
+            "base_model": str(tiny_model_dir),
+            "output_dir": str(tmp_path),
+            "lora": {"r": 4, "alpha": 8, "last_layers": 1},
+        }
+    )
+    figures = sft_step_benchmark(
+        config,
+        PromptConfig(question_to_workers=True, few_shot=[]),
+        [f"worker {i}" for i in range(6)],
+        repeats=1,
+    )
+    assert figures["frozen_layers"] == 1 and figures["recorded_examples"] == figures["rows"] == 4
+    assert figures["whole_model_s"] > 0 and figures["from_recorded_states_s"] > 0

@@ -67,6 +67,78 @@ def test_completion_loss_and_gradients_equal_the_full_logits_loss(tiny_model_dir
     assert torch.allclose(halved, fast.detach() / 2, atol=1e-6)
 
 
+def test_an_example_seen_again_skips_the_frozen_layers_and_keeps_its_loss(tiny_model_dir):
+    """With LoRA on the last layer only, the loss from recorded states equals the loss of a
+    whole forward pass, gradients too; the frozen layer runs once per example, not per call,
+    and a batch mixing seen and new examples runs it for the new ones only."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_pipeline.training.sft import completion_loss
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], layers_to_transform=[1])
+    model = get_peft_model(base, config)
+    for name, param in model.named_parameters():  # a trained adapter: B is not zero
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.5)
+    rows = [
+        (list(range(10, 40)), list(range(500, 512))),
+        (list(range(60, 75)), list(range(700, 705))),
+        (list(range(80, 130)), list(range(900, 903))),
+    ]
+    batch = _batch(tokenizer, rows)
+    runs = []
+    base.model.layers[0].register_forward_hook(lambda m, a, out: runs.append(a[0].shape[0]))
+
+    def loss_and_grads(states):
+        model.zero_grad()
+        loss = completion_loss(model, batch, frozen_states=states)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    reference, reference_grads = loss_and_grads(None)
+    assert runs == [3]
+    states: dict = {}
+    for _ in range(2):
+        loss, grads = loss_and_grads(states)
+        assert torch.allclose(loss, reference, atol=1e-5), (loss, reference)
+        assert len(grads) == len(reference_grads) == 4  # A and B of q and v in layer 1
+        for a, b in zip(grads, reference_grads, strict=True):
+            assert torch.allclose(a, b, atol=1e-5)
+    assert runs == [3, 3] and len(states) == 3  # the second call started at layer 1
+    # one seen example beside a new one: the frozen layer runs for the new one
+    mixed = _batch(tokenizer, [rows[0], (list(range(200, 220)), list(range(300, 310)))])
+    completion_loss(model, mixed, frozen_states=states)
+    assert runs == [3, 3, 1] and len(states) == 4
+
+
+def test_the_frozen_states_stay_out_of_batches_they_cannot_serve(tiny_model_dir):
+    """No frozen layer (every layer trained) or left padding: the whole forward pass."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_pipeline.training.sft import completion_loss
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    everywhere = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"]))
+    batch = _batch(tokenizer, [(list(range(10, 20)), [500, 501]), (list(range(30, 35)), [7])])
+    states: dict = {}
+    completion_loss(everywhere, batch, frozen_states=states)
+    assert states == {}
+    last = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = get_peft_model(
+        last, LoraConfig(r=4, target_modules=["q_proj"], layers_to_transform=[1])
+    )
+    pads = (batch["attention_mask"] == 0).sum(dim=1).tolist()  # the same rows, pads first
+    left = {k: torch.stack([v[i].roll(n) for i, n in enumerate(pads)]) for k, v in batch.items()}
+    completion_loss(model, left, frozen_states=states)
+    assert states == {}
+
+
 def test_sft_examples_are_planner_replies_to_the_training_prompt():
     from conductor_pipeline.training.configs import SFTSettings
     from conductor_pipeline.training.planner import ReferencePlanner

@@ -353,3 +353,103 @@ def training_step_cost() -> dict[str, Any]:
     # other processes on the box slow both trainers, unevenly: the load says how busy it was
     figures["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return figures
+
+
+def sft_step_benchmark(
+    config: Any, prompt: Any, descriptions: list[str], repeats: int = 3
+) -> dict[str, Any]:
+    """Seconds of one warm-start loss pass, forward and backward, over 4 of the benchmark's
+    prompts with a three-step workflow as the reply: through the whole model against from
+    the recorded states entering the first LoRA layer (medians of ``repeats``, alternating,
+    after one warm-up pass each). ``config``: a ``TrainingConfig`` (base model, LoRA, bf16)."""
+    import contextlib
+    import statistics
+
+    import torch
+    from peft import get_peft_model
+
+    from conductor_pipeline.generation.chat import encode_chat
+    from conductor_pipeline.training.fast_paths import first_trainable_layer
+    from conductor_pipeline.training.models import load_base, num_layers
+    from conductor_pipeline.training.sft import completion_loss
+    from conductor_pipeline.training.trainer_args import lora_config, use_bf16
+    from conductor_pipeline.workflow import conductor_messages
+
+    model, tokenizer = load_base(config)
+    model = get_peft_model(model, lora_config(config, num_layers(model)))
+    model.train()
+    reply = (
+        "Two workers try it, a third compares their answers.\nmodel_id = [2, 1, 0]\n"
+        "subtasks = ['Solve the question.', 'Solve the question.', 'Compare the two answers "
+        "and give the correct one.']\naccess_list = [[], [], 'all']"
+    )
+    rows = []
+    for question in _TRAINING_QUESTIONS[:4]:
+        head, _ = encode_chat(tokenizer, conductor_messages(question, descriptions, prompt))
+        rows.append((head, tokenizer(reply + tokenizer.eos_token)["input_ids"]))
+    width = max(len(p) + len(c) for p, c in rows)
+    fill = [width - len(p) - len(c) for p, c in rows]
+    batch = {
+        "input_ids": torch.tensor(
+            [p + c + [tokenizer.pad_token_id] * f for (p, c), f in zip(rows, fill, strict=True)]
+        ),
+        "attention_mask": torch.tensor(
+            [[1] * (len(p) + len(c)) + [0] * f for (p, c), f in zip(rows, fill, strict=True)]
+        ),
+        "labels": torch.tensor(
+            [[-100] * len(p) + c + [-100] * f for (p, c), f in zip(rows, fill, strict=True)]
+        ),
+    }
+    bf16 = use_bf16(config.grpo.bf16, use_cpu=True)
+    states: dict = {}
+
+    def step(frozen: dict | None) -> float:
+        precision = (
+            torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        )
+        start = time.perf_counter()
+        with precision:
+            loss = completion_loss(model, batch, frozen_states=frozen)
+        loss.backward()
+        model.zero_grad()
+        return time.perf_counter() - start
+
+    step(None), step(states)  # warm-up; the second records the states
+    whole, recorded = [], []
+    for _ in range(repeats):
+        whole.append(step(None))
+        recorded.append(step(states))
+    return {
+        "whole_model_s": statistics.median(whole),
+        "from_recorded_states_s": statistics.median(recorded),
+        "ratio": statistics.median(recorded) / statistics.median(whole),
+        "rows": len(rows),
+        "tokens_per_row": [len(p) + len(c) for p, c in rows],
+        "frozen_layers": first_trainable_layer(model),
+        "recorded_examples": len(states),
+        "bf16": bf16,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+@benchmark("sft")
+def warm_start_step_cost() -> dict[str, Any]:
+    """One warm-start (SFT) loss pass on CPU, forward and backward: through the whole model
+    (an example's first epoch) against from the recorded states entering the first LoRA
+    layer (an example seen before; ``training/sft.py``, ``completion_loss``). SmolLM2-135M
+    with the sandbox LoRA and precision (conf/base/parameters_training.yml) and the sandbox
+    prompt (conf/base/parameters_conductor.yml) with the six sandbox workers."""
+    import yaml
+
+    from conductor_pipeline.paths import project_root
+    from conductor_pipeline.training.configs import TrainingConfig
+    from conductor_pipeline.workflow.config import prompt_config
+
+    conf = project_root() / "conf" / "base"
+    training = yaml.safe_load((conf / "parameters_training.yml").read_text())["training"]
+    conductor = yaml.safe_load((conf / "parameters_conductor.yml").read_text())["conductor"]
+    return sft_step_benchmark(
+        TrainingConfig.from_params(training),
+        prompt_config(conductor.get("prompt")),
+        _sandbox_worker_descriptions(),
+    )
