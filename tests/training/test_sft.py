@@ -69,8 +69,9 @@ def test_completion_loss_and_gradients_equal_the_full_logits_loss(tiny_model_dir
 
 def test_an_example_seen_again_skips_the_frozen_layers_and_keeps_its_loss(tiny_model_dir):
     """With LoRA on the last layer only, the loss from recorded states equals the loss of a
-    whole forward pass, gradients too; the frozen layer runs once per example, not per call,
-    and a batch mixing seen and new examples runs it for the new ones only."""
+    whole forward pass, gradients too: the first pass over an example records its states,
+    a batch of examples seen before skips the frozen layer, and a batch mixing seen and new
+    examples takes the whole pass and records the new ones."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -109,10 +110,10 @@ def test_an_example_seen_again_skips_the_frozen_layers_and_keeps_its_loss(tiny_m
         for a, b in zip(grads, reference_grads, strict=True):
             assert torch.allclose(a, b, atol=1e-5)
     assert runs == [3, 3] and len(states) == 3  # the second call started at layer 1
-    # one seen example beside a new one: the frozen layer runs for the new one
+    # one seen example beside a new one: the whole pass, which records the new one
     mixed = _batch(tokenizer, [rows[0], (list(range(200, 220)), list(range(300, 310)))])
     completion_loss(model, mixed, frozen_states=states)
-    assert runs == [3, 3, 1] and len(states) == 4
+    assert runs == [3, 3, 2] and len(states) == 4
 
 
 def test_the_frozen_states_stay_out_of_batches_they_cannot_serve(tiny_model_dir):

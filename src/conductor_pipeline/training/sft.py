@@ -139,10 +139,14 @@ def completion_loss(
     divide by (TRL passes the batch's count), else the labelled tokens here.
 
     ``frozen_states`` (a dict kept across calls) holds, per example, the hidden states
-    entering the first layer LoRA trains: the layers below it are frozen, so an example
-    seen again in a later epoch starts there (:func:`_from_frozen_states`).
+    entering the first layer LoRA trains, recorded on the example's first pass: the layers
+    below it are frozen, so a batch of examples seen before starts there
+    (:func:`_frozen_layer` says where this applies).
     """
     import torch
+
+    from conductor_pipeline.generation.local import layer_inputs
+    from conductor_pipeline.training.fast_paths.layers import backbone_and_head, run_layers
 
     labels = inputs["labels"]
     labelled = labels != -100
@@ -150,17 +154,28 @@ def completion_loss(
     if not bool(labelled.any()):
         return labels.new_zeros((), dtype=torch.float32)
     first = int(labelled.any(dim=0).float().argmax())
-    hidden = (
-        _from_frozen_states(model, inputs, frozen_states) if frozen_states is not None else None
-    )
-    if hidden is not None:
-        from conductor_pipeline.training.fast_paths.layers import backbone_and_head
-
-        logits = backbone_and_head(model)[1](hidden[:, first - 1 : -1])
+    backbone, head = backbone_and_head(model)
+    layer = _frozen_layer(model, inputs) if frozen_states is not None else None
+    if layer is not None:
+        lengths = inputs["attention_mask"].sum(dim=1).tolist()
+        ids = inputs["input_ids"]
+        rows = [tuple(row[:n].tolist()) for row, n in zip(ids, lengths, strict=True)]
+    if layer is not None and all(row in frozen_states for row in rows):
+        hidden = frozen_states[rows[0]].new_zeros((len(rows), width, backbone.config.hidden_size))
+        for i, row in enumerate(rows):
+            hidden[i, : len(row)] = frozen_states[row]
+        positions = torch.arange(width).expand(len(rows), -1)
+        # causal attention alone: the pads come after each row's tokens
+        hidden = run_layers(backbone, hidden, positions, None, layer, None)
+        logits = head(hidden[:, first - 1 : -1])
     else:
         keep = width - first + 1  # the position before `first` predicts it
         forward = {k: v for k, v in inputs.items() if k not in ("labels", "completion_mask")}
-        logits = model(**forward, use_cache=False, logits_to_keep=keep).logits[:, :-1, :]
+        with layer_inputs(backbone, layer) as seen:
+            logits = model(**forward, use_cache=False, logits_to_keep=keep).logits[:, :-1, :]
+        if layer is not None:
+            for i, row in enumerate(rows):
+                frozen_states.setdefault(row, seen[-1][i, : len(row)].clone())
     targets = labels[:, first:]
     total = torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]),
@@ -172,13 +187,10 @@ def completion_loss(
     return total / torch.as_tensor(count).clamp(min=1)
 
 
-def _from_frozen_states(
-    model: Any, inputs: dict[str, Any], frozen_states: dict[tuple[int, ...], Any]
-) -> Any:
-    """The final hidden states of a right-padded batch, the frozen layers run only for
-    examples ``frozen_states`` does not hold yet (they are added); ``None`` where this does
-    not apply: no frozen layer, a dropout that makes the frozen layers' output random, or a
-    batch that is not right-padded (an ``attention_mask`` of ones, then zeros, per row).
+def _frozen_layer(model: Any, inputs: dict[str, Any]) -> int | None:
+    """The first layer LoRA trains, where a batch can start from recorded states; ``None``
+    where it cannot: no frozen layer below it, a dropout that makes the frozen layers' output
+    random, or a batch that is not right-padded (an ``attention_mask`` of ones, then zeros).
 
     The warm start sees each of its examples about three times (140 steps of 4 over 200),
     and with LoRA on the last 8 of 30 layers the 22 below are most of a step's forward pass.
@@ -187,35 +199,19 @@ def _from_frozen_states(
 
     from conductor_pipeline.training.fast_paths.layers import (
         backbone_and_head,
-        causal_mask,
         first_trainable_layer,
-        frozen_layer_states,
-        run_layers,
     )
 
     layer = first_trainable_layer(model)
     mask = inputs.get("attention_mask")
-    backbone, _ = backbone_and_head(model)
-    if layer == 0 or mask is None or getattr(backbone.config, "attention_dropout", 0.0):
+    if layer == 0 or mask is None:
+        return None
+    if getattr(backbone_and_head(model)[0].config, "attention_dropout", 0.0):
         return None
     lengths = mask.sum(dim=1)
     if not bool((mask == (torch.arange(mask.shape[1]) < lengths[:, None])).all()):
         return None
-    ids = inputs["input_ids"]
-    rows = [tuple(row[:n].tolist()) for row, n in zip(ids, lengths.tolist(), strict=True)]
-    missing = list(dict.fromkeys(row for row in rows if row not in frozen_states))
-    if missing:
-        states = frozen_layer_states(backbone, missing, layer)
-        frozen_states.update(zip(missing, states, strict=True))
-    states = [frozen_states[row] for row in rows]
-    width = mask.shape[1]
-    hidden = states[0].new_zeros((len(rows), width, states[0].shape[-1]))
-    for i, row_states in enumerate(states):
-        hidden[i, : len(row_states)] = row_states
-    positions = torch.arange(width).expand(len(rows), -1)
-    return run_layers(
-        backbone, hidden, positions, None, layer, causal_mask(width, width, len(rows), "cpu")
-    )
+    return layer
 
 
 def _trainer_class() -> type:

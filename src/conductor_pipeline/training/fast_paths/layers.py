@@ -18,7 +18,6 @@ __all__ = [
     "backbone_and_head",
     "causal_mask",
     "first_trainable_layer",
-    "frozen_layer_states",
     "run_layers",
 ]
 
@@ -70,42 +69,22 @@ def run_layers(
     positions: torch.Tensor,
     cache: Cache | None,
     first: int,
-    mask: torch.Tensor,
-    last: int | None = None,
+    mask: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The decoder layers from ``first`` on, then the final norm (Llama layout); with
-    ``last``, the layers from ``first`` up to ``last`` (excluded) and no norm. ``cache``:
-    the keys and values before ``hidden``'s positions, extended in place (``None``: none)."""
+    """The decoder layers from ``first`` on, then the final norm (Llama layout). ``cache``:
+    the keys and values before ``hidden``'s positions (``None``: none); ``mask``: ``None``
+    for causal attention within ``hidden`` alone."""
     position_embeddings = backbone.rotary_emb(hidden, position_ids=positions)
-    for layer in backbone.layers[
-        first : backbone.config.num_hidden_layers if last is None else last
-    ]:
+    for layer in backbone.layers[first : backbone.config.num_hidden_layers]:
         hidden = layer(
             hidden,
             attention_mask=mask,
             position_ids=positions,
             past_key_values=cache,
-            use_cache=cache is not None,
+            use_cache=True,
             position_embeddings=position_embeddings,
         )
-    return backbone.norm(hidden) if last is None else hidden
-
-
-def frozen_layer_states(
-    backbone: Any, rows: list[tuple[int, ...]], layer: int
-) -> list[torch.Tensor]:
-    """The hidden states entering decoder layer ``layer`` for each row of token ids, from
-    one right-padded pass of the embeddings and the layers below it, without gradients
-    (they are frozen: :func:`first_trainable_layer`). Row ``i``'s tensor is
-    ``(len(rows[i]), hidden)``; causal attention keeps the pads after a row out of it."""
-    width = max(len(row) for row in rows)
-    device = backbone.embed_tokens.weight.device
-    ids = torch.tensor([list(row) + [0] * (width - len(row)) for row in rows], device=device)
-    positions = torch.arange(width, device=device).expand(len(rows), -1)
-    mask = causal_mask(width, width, len(rows), device)
-    with torch.no_grad():
-        hidden = run_layers(backbone, backbone.embed_tokens(ids), positions, None, 0, mask, layer)
-    return [hidden[i, : len(row)].clone() for i, row in enumerate(rows)]
+    return backbone.norm(hidden)
 
 
 @dataclass
