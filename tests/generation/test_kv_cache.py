@@ -26,36 +26,44 @@ def test_packed_rows_unpack_to_the_padded_layout_and_pack_back():
     assert torch.equal(packed_rows.pack(padded.transpose(1, 2)), packed.transpose(1, 2))
 
 
-def test_a_bfloat16_single_query_attends_in_float32_and_answers_in_bfloat16():
+def test_a_bfloat16_single_query_attends_without_sdpa_and_answers_as_sdpa_does():
     """On a CPU, SDPA runs one bfloat16 query a row several times slower than float32: such
-    passes attend in float32 and hand back bfloat16; longer queries stay in bfloat16."""
+    passes attend through two matrix products (grouped heads, a float32 softmax) and answer
+    in bfloat16 what SDPA answers in float32, under a boolean or an additive mask; longer
+    queries, and float32 ones, stay with SDPA."""
     from conductor_pipeline.generation.attention import grouped_sdpa
 
     module = torch.nn.Module()
     gen = torch.Generator().manual_seed(0)
     rows, width = 4, 40
-    seen: list[torch.dtype] = []
+    seen: list[tuple[torch.dtype, int]] = []
     real_sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def spy(q, *args, **kwargs):
-        seen.append(q.dtype)
+        seen.append((q.dtype, q.shape[2]))
         return real_sdpa(q, *args, **kwargs)
 
     key, value = (torch.randn(rows, 3, width, 64, generator=gen) for _ in range(2))
     mask = torch.rand(rows, 1, 1, width, generator=gen) > 0.3
     mask[..., -1] = True
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
     for q_length in (1, 3):
         query = torch.randn(rows, 9, q_length, 64, generator=gen)
-        wide = mask.expand(rows, 1, q_length, width)
-        exact, _ = grouped_sdpa(module, query, key, value, wide)
-        low = [t.to(torch.bfloat16) for t in (query, key, value)]
-        seen.clear()
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-            out, _ = grouped_sdpa(module, *low, wide)
-        assert out.dtype == torch.bfloat16 and out.shape == exact.shape
-        assert seen == [torch.float32 if q_length == 1 else torch.bfloat16]
-        assert torch.allclose(out.float(), exact, atol=0.05)
+        for wide in (mask, additive):
+            wide = wide.expand(rows, 1, q_length, width)
+            exact, _ = grouped_sdpa(module, query, key, value, wide)
+            low = [t.to(torch.bfloat16) for t in (query, key, value)]
+            seen.clear()
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+                out, _ = grouped_sdpa(
+                    module, *low, wide.to(torch.bfloat16) if wide.is_floating_point() else wide
+                )
+                grouped_sdpa(module, query, key, value, wide)  # float32
+            assert out.dtype == torch.bfloat16 and out.shape == exact.shape
+            expected = [(torch.float32, q_length)]
+            assert seen == (expected if q_length == 1 else [(torch.bfloat16, 3), *expected])
+            assert torch.allclose(out.float(), exact, atol=0.05)
 
 
 def test_appends_in_place_match_concatenation_through_retirements_and_new_tensors(
