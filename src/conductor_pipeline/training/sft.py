@@ -154,9 +154,11 @@ def completion_loss(
     if not bool(labelled.any()):
         return labels.new_zeros((), dtype=torch.float32)
     first = int(labelled.any(dim=0).float().argmax())
-    backbone, head = backbone_and_head(model)
+    # several processes pass no frozen_states: their model is wrapped by DDP, whose gradient
+    # sync a pass through the unwrapped layers would bypass
     layer = _frozen_layer(model, inputs) if frozen_states is not None else None
     if layer is not None:
+        backbone, head = backbone_and_head(model)
         lengths = inputs["attention_mask"].sum(dim=1).tolist()
         ids = inputs["input_ids"]
         rows = [tuple(row[:n].tolist()) for row, n in zip(ids, lengths, strict=True)]
@@ -171,9 +173,11 @@ def completion_loss(
     else:
         keep = width - first + 1  # the position before `first` predicts it
         forward = {k: v for k, v in inputs.items() if k not in ("labels", "completion_mask")}
-        with layer_inputs(backbone, layer) as seen:
+        if layer is None:
             logits = model(**forward, use_cache=False, logits_to_keep=keep).logits[:, :-1, :]
-        if layer is not None:
+        else:
+            with layer_inputs(backbone, layer) as seen:
+                logits = model(**forward, use_cache=False, logits_to_keep=keep).logits[:, :-1]
             for i, row in enumerate(rows):
                 frozen_states.setdefault(row, seen[-1][i, : len(row)].clone())
     targets = labels[:, first:]
@@ -224,8 +228,8 @@ def _trainer_class() -> type:
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001
             if return_outputs or inputs["input_ids"].device.type != "cpu":
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            if self.accelerator.num_processes != 1:  # the layers called one by one
-                return completion_loss(model, inputs, num_items_in_batch)  # bypass DDP's sync
+            if self.accelerator.num_processes != 1:  # completion_loss says why
+                return completion_loss(model, inputs, num_items_in_batch)
             if not hasattr(self, "frozen_states"):  # per example: completion_loss
                 self.frozen_states: dict[tuple[int, ...], Any] = {}
             return completion_loss(model, inputs, num_items_in_batch, self.frozen_states)
