@@ -141,7 +141,7 @@ def completion_loss(
     ``frozen_states`` (a dict kept across calls) holds, per example, the hidden states
     entering the first layer LoRA trains, recorded on the example's first pass: the layers
     below it are frozen, so a batch of examples seen before starts there
-    (:func:`_frozen_layer` says where this applies).
+    (:func:`_recordable_rows` says where this applies).
     """
     import torch
 
@@ -154,27 +154,26 @@ def completion_loss(
     if not bool(labelled.any()):
         return labels.new_zeros((), dtype=torch.float32)
     first = int(labelled.any(dim=0).float().argmax())
+    keep = width - first + 1  # the position before `first` predicts it
+    forward = {k: v for k, v in inputs.items() if k not in ("labels", "completion_mask")}
     # several processes pass no frozen_states: their model is wrapped by DDP, whose gradient
     # sync a pass through the unwrapped layers would bypass
-    layer = _frozen_layer(model, inputs) if frozen_states is not None else None
-    if layer is not None:
-        backbone, head = backbone_and_head(model)
-        lengths = inputs["attention_mask"].sum(dim=1).tolist()
-        ids = inputs["input_ids"]
-        rows = [tuple(row[:n].tolist()) for row, n in zip(ids, lengths, strict=True)]
-    if layer is not None and all(row in frozen_states for row in rows):
-        hidden = frozen_states[rows[0]].new_zeros((len(rows), width, backbone.config.hidden_size))
-        for i, row in enumerate(rows):
-            hidden[i, : len(row)] = frozen_states[row]
-        positions = torch.arange(width).expand(len(rows), -1)
-        # causal attention alone: the pads come after each row's tokens
-        hidden = run_layers(backbone, hidden, positions, None, layer, None)
-        logits = head(hidden[:, first - 1 : -1])
+    recordable = _recordable_rows(model, inputs) if frozen_states is not None else None
+    if recordable is None:
+        logits = model(**forward, use_cache=False, logits_to_keep=keep).logits[:, :-1, :]
     else:
-        keep = width - first + 1  # the position before `first` predicts it
-        forward = {k: v for k, v in inputs.items() if k not in ("labels", "completion_mask")}
-        if layer is None:
-            logits = model(**forward, use_cache=False, logits_to_keep=keep).logits[:, :-1, :]
+        layer, rows = recordable
+        backbone, head = backbone_and_head(model)
+        if all(row in frozen_states for row in rows):
+            hidden = frozen_states[rows[0]].new_zeros(
+                (len(rows), width, backbone.config.hidden_size)
+            )
+            for i, row in enumerate(rows):
+                hidden[i, : len(row)] = frozen_states[row]
+            positions = torch.arange(width).expand(len(rows), -1)
+            # causal attention alone: the pads come after each row's tokens
+            hidden = run_layers(backbone, hidden, positions, None, layer, None)
+            logits = head(hidden[:, first - 1 : -1])
         else:
             with layer_inputs(backbone, layer) as seen:
                 logits = model(**forward, use_cache=False, logits_to_keep=keep).logits[:, :-1]
@@ -191,9 +190,12 @@ def completion_loss(
     return total / torch.as_tensor(count).clamp(min=1)
 
 
-def _frozen_layer(model: Any, inputs: dict[str, Any]) -> int | None:
-    """The first layer LoRA trains, where a batch can start from recorded states; ``None``
-    where it cannot: no frozen layer below it, a dropout that makes the frozen layers' output
+def _recordable_rows(
+    model: Any, inputs: dict[str, Any]
+) -> tuple[int, list[tuple[int, ...]]] | None:
+    """The first layer LoRA trains, where a batch can start from recorded states, and the
+    batch's examples as token tuples (their keys in ``frozen_states``); ``None`` where states
+    cannot stand in: no frozen layer below it, a dropout that makes the frozen layers' output
     random, or a batch that is not right-padded (an ``attention_mask`` of ones, then zeros).
 
     The warm start sees each of its examples about three times (140 steps of 4 over 200),
@@ -215,7 +217,8 @@ def _frozen_layer(model: Any, inputs: dict[str, Any]) -> int | None:
     lengths = mask.sum(dim=1)
     if not bool((mask == (torch.arange(mask.shape[1]) < lengths[:, None])).all()):
         return None
-    return layer
+    ids = inputs["input_ids"]
+    return layer, [tuple(row[:n].tolist()) for row, n in zip(ids, lengths.tolist(), strict=True)]
 
 
 def _trainer_class() -> type:
