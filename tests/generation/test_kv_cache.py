@@ -161,3 +161,43 @@ def test_rows_joining_a_layer_with_free_rows_are_written_in_place():
     assert layer.room[0].data_ptr() != buffer
     assert torch.equal(layer.keys[:3, :, 2:], live) and layer.keys[:3, :, :2].abs().sum() == 0
     assert torch.equal(layer.keys[5], wider[0])
+
+
+def test_a_packed_pass_attends_over_the_whole_buffers_as_over_the_layers_columns(monkeypatch):
+    """A packed pass's cache update hands attention each row across all the columns of its
+    buffers (contiguous, so the bfloat16 single-query products need not copy them): the
+    columns past the layer's are zeros, and attention with the pass's mask answers what it
+    answers over the layer's own columns, in bfloat16 (one query a row) and float32 (SDPA)."""
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    from conductor_pipeline.generation import kv_cache
+    from conductor_pipeline.generation.attention import PackedRows, grouped_sdpa
+    from conductor_pipeline.generation.kv_cache import packed_cache
+
+    monkeypatch.setattr(kv_cache, "SPARE_COLUMNS", 5)
+    generator = torch.Generator().manual_seed(0)
+    rows, columns = 3, 7
+    packed_rows = PackedRows(torch.arange(rows), torch.zeros(rows, dtype=torch.long), rows, 1)
+    mask = torch.rand(rows, 1, 1, columns + 1, generator=generator) > 0.3
+    mask[..., -1] = True  # each row sees its new column
+    for dtype in (torch.bfloat16, torch.float32):
+        layer = DynamicLayer()
+        keys, values = (torch.randn(rows, 3, columns, 64, generator=generator) for _ in range(2))
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys.to(dtype), values.to(dtype)
+        new = torch.randn(1, 3, rows, 64, generator=generator, dtype=dtype)
+        wide_keys, wide_values = packed_cache(Cache(layers=[layer]), packed_rows).update(
+            new, new, 0
+        )
+        assert wide_keys.is_contiguous() and wide_keys.shape[2] > layer.keys.shape[2] == columns + 1
+        assert torch.equal(wide_keys[:, :, : columns + 1], layer.keys)
+        assert (
+            wide_keys[:, :, columns + 1 :].abs().sum()
+            == 0
+            == wide_values[:, :, columns + 1 :].abs().sum()
+        )
+
+        query = torch.randn(rows, 9, 1, 64, generator=generator, dtype=dtype)
+        wide, _ = grouped_sdpa(torch.nn.Module(), query, wide_keys, wide_values, mask)
+        narrow, _ = grouped_sdpa(torch.nn.Module(), query, layer.keys, layer.values, mask)
+        assert torch.equal(wide, narrow)

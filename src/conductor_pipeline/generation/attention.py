@@ -88,7 +88,21 @@ def grouped_sdpa(
     packed and the output goes back packed."""
     if packed_rows is not None:
         query = packed_rows.unpack(query)
-    q_length, kv_length = query.shape[2], key.shape[2]
+    q_length = query.shape[2]
+    # on a CPU, SDPA is several times slower for one query a row in bfloat16 than in
+    # float32, and that is every decoding pass in which no row checks a guess
+    one_query = q_length == 1 and query.dtype == torch.bfloat16 and query.device.type == "cpu"
+    if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
+        # a packed pass's keys and values span its cache's whole buffers, the columns past
+        # the mask never written (kv_cache.room_rows): the single-query products read them,
+        # hidden (they would copy the narrower view first); SDPA reads the view
+        columns = attention_mask.shape[-1]
+        if one_query:
+            hidden = False if attention_mask.dtype == torch.bool else float("-inf")
+            attention_mask = F.pad(attention_mask, (0, key.shape[2] - columns), value=hidden)
+        else:
+            key, value = key[:, :, :columns], value[:, :, :columns]
+    kv_length = key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal and q_length > 1 and attention_mask is None)
     if causal and kv_length != q_length:
@@ -96,9 +110,7 @@ def grouped_sdpa(
         attention_mask = torch.ones(q_length, kv_length, dtype=torch.bool, device=query.device)
         attention_mask = attention_mask.tril(kv_length - q_length)
         causal = False
-    # on a CPU, SDPA is several times slower for one query a row in bfloat16 than in
-    # float32, and that is every decoding pass in which no row checks a guess
-    if q_length == 1 and query.dtype == torch.bfloat16 and query.device.type == "cpu":
+    if one_query:
         out = _one_query(query, key, value, attention_mask, scaling, dropout).transpose(1, 2)
     else:
         out = F.scaled_dot_product_attention(
