@@ -262,3 +262,29 @@ def test_entropy_bonus_reaches_trl():
     config = TrainingConfig.from_params({"grpo": {"entropy_coef": 0.05}})
     assert trainer_args.grpo_args(config, "/tmp/unused", use_cpu=True).entropy_coef == 0.05
     assert config.fingerprint() != TrainingConfig.from_params({}).fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("model_dtype", "bf16", "native", "expected"),
+    [
+        ("auto", "auto", True, "bfloat16"),  # a CPU that multiplies bfloat16
+        ("auto", "auto", False, "float32"),  # one that would emulate it
+        ("auto", False, True, "float32"),  # training told to stay in float32
+        (None, "auto", True, "float32"),
+        ("bfloat16", False, False, "bfloat16"),
+    ],
+)
+def test_the_base_loads_in_bfloat16_where_training_computes_in_it(
+    monkeypatch, model_dtype, bf16, native, expected
+):
+    from conductor_pipeline.training import trainer_args
+    from conductor_pipeline.training.models import base_dtype
+    from conductor_pipeline.workers import local_model
+
+    monkeypatch.setattr(trainer_args, "_cuda_available", lambda: False)
+    monkeypatch.setattr(local_model, "native_bfloat16", lambda: native)
+    params = {
+        **_params("base"),
+        "grpo": {**_params("base")["grpo"], "model_dtype": model_dtype, "bf16": bf16},
+    }
+    assert base_dtype(TrainingConfig.from_params(params)) == expected

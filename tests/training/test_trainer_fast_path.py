@@ -35,17 +35,23 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def trainer(tiny_model_dir, one_thread):
+    return _trainer(tiny_model_dir, torch.float32)
+
+
+def _trainer(tiny_model_dir, dtype: torch.dtype):
+    """The project's trainer on the tiny Llama with its base in ``dtype`` (bfloat16: training
+    in bfloat16 autocast, as ``training.grpo.model_dtype: auto`` has it on such a CPU)."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype)
     args = GRPOConfig(
-        output_dir=str(tiny_model_dir.parent / "fast-path"),
+        output_dir=str(tiny_model_dir.parent / f"fast-path-{dtype}"),
         use_cpu=True,
-        bf16=False,
+        bf16=dtype == torch.bfloat16,
         gradient_checkpointing=False,
         report_to="none",
         num_generations=GROUP,
@@ -185,6 +191,33 @@ def test_scoring_starts_from_the_states_recorded_while_generating(trainer):
     assert trainer.frozen_states is states and states.uses == 1
     torch.testing.assert_close(ours[0], theirs[0], atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(ours[1], theirs[1], atol=1e-4, rtol=1e-5)
+
+
+def test_a_bfloat16_base_writes_rollouts_and_scores_them_from_the_recorded_states(
+    tiny_model_dir, one_thread
+):
+    """A base loaded in bfloat16 under a float32 LoRA (``model_dtype: auto`` where the CPU
+    multiplies bfloat16): the engine writes the rollouts in bfloat16, records the states
+    entering the LoRA layer, and scoring from them gives stock TRL's numbers on the same
+    model, to bfloat16's precision."""
+    bf16 = _trainer(tiny_model_dir, torch.bfloat16)
+    lora = {p.dtype for n, p in bf16.model.named_parameters() if "lora_" in n}
+    assert lora == {torch.float32} and bf16.model.get_base_model().dtype == torch.bfloat16
+    texts = ["hello there", "a somewhat longer prompt for the second group of rollouts"]
+    out = bf16.rollout_func([t for t in texts for _ in range(GROUP)], bf16)
+    assert bf16.fast_path_calls["generation"] == 1
+    assert bf16.frozen_states.prompts and all(
+        s.dtype == torch.bfloat16 for s in bf16.frozen_states.rollouts.values()
+    )
+    rows = _rows(out["prompt_ids"], out["completion_ids"], bf16.processing_class.pad_token_id)
+    input_ids, mask, width = _scoring_args(rows)
+    with torch.no_grad(), bf16.accelerator.autocast():
+        ours = bf16._get_per_token_logps_and_entropies(bf16.model, input_ids, mask, width)
+        theirs = _stock(bf16, "_get_per_token_logps_and_entropies")(
+            bf16.model, input_ids, mask, width
+        )
+    assert bf16.frozen_states.uses == 1 and bool((theirs[0] != 0).any())
+    torch.testing.assert_close(ours[0], theirs[0], atol=0.03, rtol=0)
 
 
 @pytest.mark.parametrize("recorded", [False, True], ids=["one-pass", "states-from-an-earlier-pass"])

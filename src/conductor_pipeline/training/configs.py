@@ -145,8 +145,8 @@ class GRPOSettings:
             "vllm_gpu_memory_utilization must be in (0, 1]",
         )
         _check(
-            self.model_dtype in (None, "float32", "bfloat16", "float16"),
-            "model_dtype must be null, float32, bfloat16 or float16",
+            self.model_dtype in (None, "float32", "bfloat16", "float16", "auto"),
+            "model_dtype must be null, float32, bfloat16, float16 or auto",
         )
         if self.micro_batch_size is not None:
             _check(self.micro_batch_size >= 1, "micro_batch_size must be at least 1")

@@ -19,6 +19,7 @@ from conductor_pipeline.workflow.adapter_base import check_adapter_base
 
 __all__ = [
     "TrainerPolicy",
+    "base_dtype",
     "conductor_trainer_class",
     "load_base",
     "load_tokenizer",
@@ -38,18 +39,27 @@ def resolve_base_model(base_model: str) -> str:
     return base_model
 
 
+def base_dtype(config: TrainingConfig) -> str:
+    """The precision the base model's weights load in (``training.grpo.model_dtype``):
+    ``auto`` is bfloat16 where training computes in bfloat16 (``training.grpo.bf16``, on the
+    GPU or CPU training would run on), else float32. The LoRA adapter stays float32 either
+    way (PEFT keeps adapters in float32 over a bfloat16 base)."""
+    from conductor_pipeline.training.trainer_args import use_bf16
+
+    name = config.grpo.model_dtype or "float32"
+    if name == "auto":
+        return "bfloat16" if use_bf16(config.grpo.bf16) else "float32"
+    return name
+
+
 def load_base(config: TrainingConfig) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for ``config.base_model`` (pad token = eos when missing)."""
+    """``(model, tokenizer)`` for ``config.base_model`` in :func:`base_dtype`'s precision
+    (pad token = eos when missing)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_base_model(config.base_model)
-    dtype = {
-        None: torch.float32,
-        "float32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "float16": torch.float16,
-    }[config.grpo.model_dtype]
+    dtype = getattr(torch, base_dtype(config))
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

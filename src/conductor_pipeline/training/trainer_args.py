@@ -29,13 +29,16 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def use_bf16(setting: bool | str, use_cpu: bool) -> bool:
-    """Whether training computes in bfloat16 (autocast; the weights and the adapter stay
-    float32). ``setting`` is ``training.grpo.bf16``: ``true``, ``false``, or ``auto``: where
-    the hardware multiplies bfloat16, a CUDA GPU that supports it or a CPU with AMX or
-    AVX512-BF16 (elsewhere a CPU emulates it, slower than float32)."""
+def use_bf16(setting: bool | str, use_cpu: bool | None = None) -> bool:
+    """Whether training computes in bfloat16 (autocast; the adapter stays float32).
+    ``setting`` is ``training.grpo.bf16``: ``true``, ``false``, or ``auto``: where the
+    hardware multiplies bfloat16, a CUDA GPU that supports it or a CPU with AMX or
+    AVX512-BF16 (elsewhere a CPU emulates it, slower than float32). ``use_cpu``: whether
+    training runs on the CPU (``None``: when no GPU is available)."""
     if setting != "auto":
         return bool(setting)
+    if use_cpu is None:
+        use_cpu = not _cuda_available()
     if use_cpu:
         from conductor_pipeline.workers.local_model import native_bfloat16
 
