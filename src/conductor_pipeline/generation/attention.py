@@ -36,10 +36,6 @@ __all__ = [
 
 GROUPED_ATTENTION = "conductor_grouped_sdpa"
 
-# queries a row up to which a bfloat16 pass on a CPU attends by matrix products, not SDPA
-# (a decoding pass feeds a row its newest token and up to 8 guessed ones)
-FEW_QUERIES = 16
-
 
 @dataclass(frozen=True)
 class PackedRows:
@@ -93,21 +89,15 @@ def grouped_sdpa(
     if packed_rows is not None:
         query = packed_rows.unpack(query)
     q_length = query.shape[2]
-    # a decoding pass's few queries a row, in bfloat16 on a CPU: two batched matrix products
-    # (SDPA is several times slower for one query a row in bfloat16 than in float32, and
-    # no faster than these for a row checking a guess)
-    few = (
-        q_length <= FEW_QUERIES
-        and query.dtype == torch.bfloat16
-        and query.device.type == "cpu"
-        and (attention_mask is None or attention_mask.dim() < 4 or attention_mask.shape[1] == 1)
-    )
+    # on a CPU, SDPA is several times slower for one query a row in bfloat16 than in
+    # float32, and that is every decoding pass in which no row checks a guess
+    one_query = q_length == 1 and query.dtype == torch.bfloat16 and query.device.type == "cpu"
     if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
         # a packed pass's keys and values span its cache's whole buffers, the columns past
-        # the mask never written (kv_cache.room_rows): the matrix products read them, hidden
-        # (they would copy the narrower view first); SDPA reads the view
+        # the mask never written (kv_cache.room_rows): the single-query products read them,
+        # hidden (they would copy the narrower view first); SDPA reads the view
         columns = attention_mask.shape[-1]
-        if few:
+        if one_query:
             hidden = False if attention_mask.dtype == torch.bool else float("-inf")
             attention_mask = F.pad(attention_mask, (0, key.shape[2] - columns), value=hidden)
         else:
@@ -120,8 +110,8 @@ def grouped_sdpa(
         attention_mask = torch.ones(q_length, kv_length, dtype=torch.bool, device=query.device)
         attention_mask = attention_mask.tril(kv_length - q_length)
         causal = False
-    if few:
-        out = _few_queries(query, key, value, attention_mask, scaling, dropout).transpose(1, 2)
+    if one_query:
+        out = _one_query(query, key, value, attention_mask, scaling, dropout).transpose(1, 2)
     else:
         out = F.scaled_dot_product_attention(
             query,
@@ -138,7 +128,7 @@ def grouped_sdpa(
     return out.contiguous(), None
 
 
-def _few_queries(
+def _one_query(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -146,29 +136,22 @@ def _few_queries(
     scaling: float | None,
     dropout: float,
 ) -> torch.Tensor:
-    """Attention of a few queries a row, ``(rows, heads, queries, dim)``, as two batched
-    matrix products: the query heads that share a key/value head are stacked with its
-    queries, so nothing is copied per head, and the softmax runs in float32. In bfloat16
-    on 2 CPU cores, a layer of 16 rows over 700 keys took 0.7 ms this way for one query a
-    row, against 3.4 ms through SDPA in float32 (casts included) and 11 ms through SDPA in
-    bfloat16; with 9 queries a row over 400 keys (a lookup-decoding pass) 1.2 ms against
-    1.8 ms through SDPA in bfloat16."""
-    rows, heads, queries, dim = query.shape
-    kv_heads, columns = key.shape[1], key.shape[2]
-    stacked = query.reshape(rows, kv_heads, heads // kv_heads * queries, dim)
-    scores = torch.matmul(stacked, key.transpose(-1, -2)) * (scaling or dim**-0.5)
-    scores = scores.view(rows, kv_heads, heads // kv_heads, queries, columns)
-    if attention_mask is not None:
-        # (rows, 1, queries, columns) -> one mask for every query head of a key/value head
-        mask = attention_mask.unsqueeze(2) if attention_mask.dim() == 4 else attention_mask
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask
+    """Attention of one query a row, ``(rows, heads, 1, dim)``, as two batched matrix
+    products: the query heads that share a key/value head stand in for its query positions,
+    so nothing is copied per head, and the softmax runs in float32. In bfloat16 on 2 CPU
+    cores, 16 rows over 700 keys took 0.7 ms a layer this way, against 3.4 ms through SDPA
+    in float32 (casts included) and 11 ms through SDPA in bfloat16."""
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * (scaling or dim**-0.5)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    elif attention_mask is not None:
+        scores = scores + attention_mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
     weights = F.dropout(weights, p=dropout) if dropout else weights
-    weights = weights.to(value.dtype).view(rows, kv_heads, -1, columns)
-    return torch.matmul(weights, value).view(rows, heads, queries, dim)
+    return torch.matmul(weights.to(value.dtype), value).reshape(rows, heads, 1, dim)
 
 
 AttentionInterface.register(GROUPED_ATTENTION, grouped_sdpa)
