@@ -233,14 +233,16 @@ def test_an_adapter_folder_is_passed_to_the_policy(project, monkeypatch):
 
 def test_conductor_ask_without_a_champion_exits_quickly(project, tmp_path):
     """The real command in a fresh process: non-zero, the fix on stderr, in seconds (it
-    used to sample the untrained policy for minutes)."""
+    used to sample the untrained policy for minutes), and nothing on stdout, run as with
+    only the virtual environment activated (none of the Makefile's logging variables)."""
     import os
     import subprocess
     import sys
     import time
 
     _register_nothing(project)
-    env = {k: v for k, v in os.environ.items() if k != "CONDUCTOR_PROJECT_ROOT"}
+    unset = ("CONDUCTOR_PROJECT_ROOT", "KEDRO_LOGGING_CONFIG", "KEDRO_LOGGING_MODULE_ALLOWLIST")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'empty-mlflow.db'}"
     started = time.monotonic()
     done = subprocess.run(
@@ -253,6 +255,9 @@ def test_conductor_ask_without_a_champion_exits_quickly(project, tmp_path):
     )
     elapsed = time.monotonic() - started
     assert done.returncode != 0
+    # stdout is the answer's or the --json record's alone: Kedro's default logging printed
+    # "Using '.../rich_logging.yml' as logging configuration" there
+    assert done.stdout == ""
     assert "no trained Conductor" in done.stderr and "make run" in done.stderr
     assert "Traceback" not in done.stderr
     assert elapsed < 60, elapsed  # start-up and an MLflow lookup; no sandbox, no sampling

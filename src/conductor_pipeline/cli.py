@@ -20,6 +20,29 @@ from conductor_pipeline.offline import apply_offline_defaults
 
 apply_offline_defaults()  # before anything imports litellm or transformers
 
+
+def _use_project_logging_file() -> None:
+    """Kedro configures logging when it is first imported (just below), from
+    ``KEDRO_LOGGING_CONFIG`` or else its default, which logs to stdout and announces the file
+    it used: a ``conductor ask --json`` run with only the virtual environment activated
+    printed that line above its JSON. The project's file (the Makefile's) keeps the line
+    out; ``configure_cli_logging`` then sends the rest to stderr. Under ``kedro run``, which
+    loads this module as a plugin, Kedro is already configured and nothing changes."""
+    if "kedro.framework.project" in sys.modules:
+        return
+    from conductor_pipeline.notebook_logging import LOGGING_FILE, use_project_logging
+    from conductor_pipeline.paths import find_project_root
+
+    try:
+        root = find_project_root()
+    except RuntimeError:  # an installed package run outside any project: Kedro's default
+        return
+    if (root / LOGGING_FILE).is_file():
+        use_project_logging(root)
+
+
+_use_project_logging_file()
+
 from conductor_pipeline.run_errors import run  # noqa: E402
 from conductor_pipeline.stderr_logging import StderrHandler  # noqa: E402
 
