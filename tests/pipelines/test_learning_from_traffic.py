@@ -207,8 +207,9 @@ def _write(path: Path, data: dict) -> None:
 def _sandbox_project(root: Path) -> Path:
     """The base configuration on a small sandbox: the simulated workers only (they also know
     the prepared tasks in ``served_tasks.parquet``, not only the split ones), capture on, the
-    traffic source on, and training and evaluation cut to a GRPO step and a question per
-    domain. The Conductor is the configured default: SmolLM2 with the champion's adapter."""
+    traffic source on, and training and evaluation cut to a GRPO step (no curriculum
+    pre-pass) and a question per domain. The Conductor is the configured default: SmolLM2
+    with the champion's adapter."""
     (root / "conf" / "local").mkdir(parents=True)
     (root / "src").mkdir()
     shutil.copy(REPO / "pyproject.toml", root)
@@ -229,6 +230,9 @@ def _sandbox_project(root: Path) -> Path:
     training["training"]["grpo"].update(
         num_generations=2, prompts_per_step=1, max_steps=1, save_steps=1, max_completion_length=16
     )
+    # no reference pre-pass: for one GRPO step it asked sim-sage all 303 training questions
+    # (16 s); the curriculum has tests of its own
+    training["training"]["curriculum"] = {"reference_worker": None}
     _write(local / "parameters_training.yml", training)
     evaluation = base("parameters_evaluation.yml")
     evaluation["evaluation"].update(
