@@ -372,9 +372,22 @@ def test_rows_drawing_side_by_side_write_the_texts_of_rows_drawing_in_turn(
             )
         )
 
-    monkeypatch.setattr(local_policy, "torch_threads", 2)
+    with monkeypatch.context() as two_threads:
+        two_threads.setattr(local_policy, "torch_threads", 2)
+        pool = local_policy._draw_threads()
+    assert pool is not None
+    # the passes stay on one thread: on two cores shared with the other test process, passes
+    # on two OpenMP threads took 42 s instead of 5 (the draws are what is compared)
+    drawn, pool_map = [], pool.map
+
+    def counted_map(*args):
+        drawn.append(args)
+        return pool_map(*args)
+
+    monkeypatch.setattr(pool, "map", counted_map)
+    monkeypatch.setattr(local_policy, "_draw_threads", lambda: pool)
     side_by_side = run()
-    assert local_policy._engine._draw_pool is not None
+    assert drawn  # the rows drew on the pool
     monkeypatch.setattr(local_policy, "_draw_threads", lambda: None)
     in_turn = run()
     assert [c.text for c in side_by_side] == [c.text for c in in_turn]
