@@ -313,6 +313,43 @@ def test_stdio_code_scores_pass_fraction(program: str, score: float) -> None:
     assert verdict.correct is (score == 1.0)
 
 
+def test_a_program_is_run_once_per_task_and_a_sandbox_error_again(monkeypatch) -> None:
+    """Code verdicts are kept per task and program: the same program in another reply is not
+    run again, another task's tests (even under the same id) are; a verdict with a sandbox
+    error is not kept."""
+    from conductor_pipeline.tasks import verifiers
+
+    runs: list[str] = []
+    real_run = verifiers.run_stdio_tests
+
+    def counted(code: str, *args: Any, **kwargs: Any) -> Any:
+        runs.append(code)
+        return real_run(code, *args, **kwargs)
+
+    monkeypatch.setattr(verifiers, "_CODE_VERDICTS", {})  # what earlier tests ran does not count
+    monkeypatch.setattr(verifiers, "run_stdio_tests", counted)
+    program = "a, b = map(int, input().split())\nprint(a + b + 0)"
+    first = verify(STDIO_TASK, f"```python\n{program}\n```")
+    again = verify(STDIO_TASK, f"My answer:\n```python\n{program}\n```\nDone.")
+    assert first.correct and again == first and len(runs) == 1
+    other_tests = dataclasses.replace(
+        STDIO_TASK, metadata={**STDIO_TASK.metadata, "tests": [{"input": "1 1\n", "output": "3\n"}]}
+    )
+    assert not verify(other_tests, f"```python\n{program}\n```").correct and len(runs) == 2
+
+    def broken_sandbox(code: str, *args: Any, **kwargs: Any) -> Any:
+        runs.append(code)
+        report = real_run(code, *args, **kwargs)
+        failed = dataclasses.replace(report.runs[0], sandbox_error=True)
+        return dataclasses.replace(report, passed=0, first_failure="sandbox", runs=(failed,))
+
+    monkeypatch.setattr(verifiers, "run_stdio_tests", broken_sandbox)
+    program = "a, b = map(int, input().split())\nprint(b + a)"
+    for _ in range(2):
+        assert "sandbox error" in verify(STDIO_TASK, f"```python\n{program}\n```").reason
+    assert len(runs) == 4
+
+
 @pytest.mark.parametrize(
     ("response", "code"),
     [

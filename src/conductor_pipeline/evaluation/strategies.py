@@ -45,7 +45,6 @@ from dataclasses import dataclass
 import pandas as pd
 
 from conductor_pipeline.tasks import Task, verify
-from conductor_pipeline.tasks.answer_extraction import extract_final_answer
 from conductor_pipeline.workers.sandbox.profiles import SandboxProfiles, SimulatedProfile
 from conductor_pipeline.workers.sandbox.simulated import (
     RIGHT_MODES,
@@ -354,25 +353,11 @@ class SimulatedCaller:
 
 
 class Judge:
-    """``tasks.verify``, as evaluation calls it, for Monte-Carlo runs (one may serve several).
-
-    The code verifier runs the tests in a subprocess (about 0.1 s) and reads nothing of a
-    reply but its extracted code (``extract_final_answer``), so its verdicts are kept per
-    (task, code); the other verifiers take well under a millisecond and run every time."""
-
-    def __init__(self) -> None:
-        self.code_verdicts: dict[tuple[str, str], bool] = {}
+    """``tasks.verify``, as evaluation calls it, for Monte-Carlo runs (one may serve several;
+    ``verify`` keeps code verdicts per task and program, so a program is tested once)."""
 
     def __call__(self, task: Task, answer: str) -> bool:
-        if task.verifier != "code":
-            return verify(task, answer or "").correct
-        code = extract_final_answer(answer or "", "code")
-        if code is None:
-            return verify(task, answer or "").correct
-        key = (task.id, code)
-        if key not in self.code_verdicts:
-            self.code_verdicts[key] = verify(task, answer or "").correct
-        return self.code_verdicts[key]
+        return verify(task, answer or "").correct
 
 
 def _luck(caller: SimulatedCaller, task: Task) -> dict[int, tuple[bool, bool]]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from conductor_pipeline.hashing import content_hash
 from conductor_pipeline.tasks import judge_pool
 from conductor_pipeline.tasks.answer_extraction import (
     DEFAULT_LETTERS,
@@ -286,9 +287,32 @@ def _compiles(code: str) -> bool:
     return True
 
 
+# Code verdicts kept per (task, its tests, the code a reply gives): running the tests takes a
+# sandboxed subprocess (about 0.1 s), and evaluation's systems and training's rollouts hand
+# in the same code again and again (294 distinct among the 810 code answers of a `make run`
+# evaluation). A verdict a rerun might not repeat (a sandbox error, a test cut at
+# its time limit on a busy machine) is not kept.
+_CODE_VERDICTS: dict[tuple[str, str, str], Verdict] = {}
+_CODE_VERDICTS_KEPT = 20_000  # then the memo starts again: a long run's programs fill memory
+
+
 def _verify_code(task: Task, response: str) -> Verdict:
-    meta = task.metadata
     code = extract_code(strip_reasoning(response))
+    key = (task.id, content_hash(task.metadata), code)
+    kept = _CODE_VERDICTS.get(key)
+    if kept is not None:
+        return kept
+    verdict, repeatable = _run_code_tests(task, _program(task, code))
+    if repeatable:
+        if len(_CODE_VERDICTS) >= _CODE_VERDICTS_KEPT:
+            _CODE_VERDICTS.clear()
+        _CODE_VERDICTS[key] = verdict
+    return verdict
+
+
+def _program(task: Task, code: str) -> str:
+    """The candidate's code as it runs: with the prompt's imports and helpers."""
+    meta = task.metadata
     entry_point = meta.get("entry_point") or None
     prompt = str(meta.get("prompt", "") or "")
     if entry_point and prompt:
@@ -304,6 +328,14 @@ def _verify_code(task: Task, response: str) -> Verdict:
             code = combined
         else:
             code = prompt + code  # a completion of the prompt's function body
+    return code
+
+
+def _run_code_tests(task: Task, code: str) -> tuple[Verdict, bool]:
+    """The verdict of ``task``'s tests on ``code``, and whether a rerun would repeat it."""
+    meta = task.metadata
+    entry_point = meta.get("entry_point") or None
+    prompt = str(meta.get("prompt", "") or "")
     limits = SandboxLimits(
         wall_timeout_s=float(meta.get("timeout_s", 10)),
         cpu_time_s=int(meta.get("cpu_time_s", meta.get("timeout_s", 10))),
@@ -322,12 +354,13 @@ def _verify_code(task: Task, response: str) -> Verdict:
     elif meta.get("tests"):
         report = run_stdio_tests(code, list(meta["tests"]), limits=limits)
     else:
-        return Verdict(False, 0.0, code, "the task has no tests (metadata 'test' or 'tests')")
+        return Verdict(False, 0.0, code, "the task has no tests (metadata 'test' or 'tests')"), True
+    repeatable = not report.sandbox_error and not any(r.timed_out for r in report.runs)
     if report.all_passed:
-        return Verdict(True, 1.0, code, f"all {report.total} tests passed")
+        return Verdict(True, 1.0, code, f"all {report.total} tests passed"), repeatable
     prefix = "sandbox error: " if report.sandbox_error else ""
     reason = f"{prefix}{report.passed}/{report.total} tests passed; first failure: {report.first_failure}"
-    return Verdict(False, report.fraction, code, reason)
+    return Verdict(False, report.fraction, code, reason), repeatable
 
 
 @functools.cache
