@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import pandas as pd
 
 ADAPTER_ARTIFACT = "adapter"
 
@@ -59,8 +60,12 @@ class ConductorModel(mlflow.pyfunc.PythonModel):
             dtype=str(config.get("dtype", "auto")),
         )
 
+    # MLflow reads ``model_input``'s annotation when the class is defined (so at every
+    # load_model): ``Any`` printed a red warning, none a yellow one; a DataFrame, which is
+    # what the registered signature hands over, it takes as is. A dict or a list of strings
+    # (``unwrap_python_model().predict``) works too.
     def predict(
-        self, context: Any, model_input: Any, params: dict[str, Any] | None = None
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> list[str]:
         from conductor_pipeline.workflow import conductor_messages
 
