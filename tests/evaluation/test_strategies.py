@@ -13,7 +13,6 @@ import yaml
 
 from conductor_pipeline.cli import main
 from conductor_pipeline.evaluation.strategies import (
-    Judge,
     SimulatedPool,
     Strategy,
     build_strategies,
@@ -194,10 +193,8 @@ def test_exact_and_monte_carlo_agree_on_the_real_profiles():
     groups: dict[int, list[Strategy]] = {}
     for strategy in strategies:
         groups.setdefault(_seeds_for(strategy, tasks, pool), []).append(strategy)
-    judge = Judge()
     mc = pd.concat(
-        monte_carlo_table(group, tasks, pool, range(seeds), judge=judge)
-        for seeds, group in groups.items()
+        monte_carlo_table(group, tasks, pool, range(seeds)) for seeds, group in groups.items()
     )
     table = exact_table(strategies, tasks, pool).merge(mc, on="strategy").set_index("strategy")
     assert len(table) == len(strategies) >= 20 and (table["mc_pairs"] >= 1000).all()

@@ -63,7 +63,6 @@ from conductor_pipeline.workflow import (
 
 __all__ = [
     "DIFFICULTIES",
-    "Judge",
     "SimulatedCaller",
     "SimulatedPool",
     "Strategy",
@@ -352,12 +351,10 @@ class SimulatedCaller:
         return WorkerReply(worker=profile.name, text=reply.text, usage=usage)
 
 
-class Judge:
-    """``tasks.verify``, as evaluation calls it, for Monte-Carlo runs (one may serve several;
-    ``verify`` keeps code verdicts per task and program, so a program is tested once)."""
-
-    def __call__(self, task: Task, answer: str) -> bool:
-        return verify(task, answer or "").correct
+def _correct(task: Task, answer: str | None) -> bool:
+    """``tasks.verify``, as evaluation judges an answer (it tests a piece of code once per
+    task, so repeated runs of a strategy cost no more sandbox runs)."""
+    return verify(task, answer or "").correct
 
 
 def _luck(caller: SimulatedCaller, task: Task) -> dict[int, tuple[bool, bool]]:
@@ -384,12 +381,11 @@ def _outcome(
     task: Task,
     run: ExecutionResult,
     luck: Mapping[int, tuple[bool, bool]],
-    judge: Judge,
 ) -> _Outcome:
     steps = step_outcomes(plan, luck)
     if not strategy.any_step:
-        return _Outcome(judge(task, run.answer), steps[-1], run.cost_usd, run.calls)
-    attempts = [(judge(task, s.response or ""), s.cost_usd) for s in run.steps]
+        return _Outcome(_correct(task, run.answer), steps[-1], run.cost_usd, run.calls)
+    attempts = [(_correct(task, s.response), s.cost_usd) for s in run.steps]
     right = [cost for ok, cost in attempts if ok]
     cost = min(right or [cost for _, cost in attempts])
     return _Outcome(bool(right), any(steps), cost, 1)
@@ -401,7 +397,6 @@ async def _one_seed(
     pool: SimulatedPool,
     index: TaskIndex,
     seed: int,
-    judge: Judge,
 ) -> list[list[_Outcome]]:
     """Every strategy on every task at one server seed: ``[strategy][task]``."""
     caller = SimulatedCaller(pool, index, seed)
@@ -419,7 +414,7 @@ async def _one_seed(
         )
         out.append(
             [
-                _outcome(strategy, plan, task, run, drawn, judge)
+                _outcome(strategy, plan, task, run, drawn)
                 for plan, task, run, drawn in zip(plans, tasks, runs, luck, strict=True)
             ]
         )
@@ -431,8 +426,6 @@ def monte_carlo_table(
     tasks: Sequence[Task],
     pool: SimulatedPool,
     seeds: Sequence[int],
-    *,
-    judge: Judge | None = None,
 ) -> pd.DataFrame:
     """One row per strategy from real runs at each server seed of ``seeds``:
 
@@ -446,10 +439,7 @@ def monte_carlo_table(
     """
     seeds = list(seeds)
     index = TaskIndex(tasks)
-    judge = judge or Judge()
-    per_seed = [
-        asyncio.run(_one_seed(strategies, tasks, pool, index, seed, judge)) for seed in seeds
-    ]
+    per_seed = [asyncio.run(_one_seed(strategies, tasks, pool, index, seed)) for seed in seeds]
     rows = []
     for k, strategy in enumerate(strategies):
         runs = [run[k] for run in per_seed]  # [seed][task]
