@@ -82,15 +82,15 @@ def smollm2_tokenizer():
     from conductor_pipeline.workers.local_model import (
         cache_complete,
         default_cache_dir,
+        load_pretrained_tokenizer,
         smollm2_gguf_path,
     )
 
     cache = default_cache_dir()
     if cache_complete(cache):
-        tokenizer = AutoTokenizer.from_pretrained(cache)
-    else:
-        gguf = smollm2_gguf_path()
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return load_pretrained_tokenizer(cache)
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

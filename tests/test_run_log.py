@@ -45,7 +45,8 @@ KNOWN_NOISE = (
     "Add type hints to the `predict` method",
     "Passing a Python object as `python_model`",
     "The tokenizer has new PAD/BOS/EOS tokens",
-    "Ignoring clean_up_tokenization_spaces",
+    "Ignoring clean_up_tokenization_spaces",  # turned off where the tokenizer loads
+    "Loading weights",  # transformers' bar while a model's weights are read
     "Type hint used in the model's predict function",
     "An input example was not provided",
     "Replacing dataset",  # kedro-mlflow renaming a metrics dataset that had no prefix

@@ -35,9 +35,6 @@ KNOWN_NOISE: tuple[tuple[str, ...], ...] = (
     # SmolLM2's tokenizer declares another EOS id than the model config; the trainers align
     # them (the intended behaviour) and say so on every stage
     ("The tokenizer has new PAD/BOS/EOS tokens",),
-    # SmolLM2's tokenizer_config asks for clean_up_tokenization_spaces, which transformers
-    # rightly skips for a BPE tokenizer
-    ("Ignoring clean_up_tokenization_spaces=True for BPE tokenizer",),
     # tqdm.auto, imported by MLflow (kedro-mlflow's hook), asks for ipywidgets in any
     # IPython kernel without it; its text bar works there, and the project shows no widget
     ("IProgress not found",),

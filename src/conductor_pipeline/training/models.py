@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_pipeline.training.configs import SMOLLM2, TrainingConfig
+from conductor_pipeline.workers.local_model import load_pretrained, load_pretrained_tokenizer
 from conductor_pipeline.workers.torch_thread import set_torch_threads
 from conductor_pipeline.workflow.adapter_base import check_adapter_base
 
@@ -56,15 +57,9 @@ def load_base(config: TrainingConfig) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for ``config.base_model`` in :func:`base_dtype`'s precision
     (pad token = eos when missing)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_base_model(config.base_model)
-    dtype = getattr(torch, base_dtype(config))
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model, tokenizer
+    return load_pretrained(path, getattr(torch, base_dtype(config)))
 
 
 def with_adapter(model: Any, adapter_dir: Path | None) -> Any:
@@ -81,13 +76,8 @@ def with_adapter(model: Any, adapter_dir: Path | None) -> Any:
 
 def load_tokenizer(config: TrainingConfig) -> tuple[str, Any]:
     """``(model path, tokenizer)`` of ``config.base_model`` (pad token = eos when missing)."""
-    from transformers import AutoTokenizer
-
     path = resolve_base_model(config.base_model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return path, tokenizer
+    return path, load_pretrained_tokenizer(path)
 
 
 def num_layers(model: Any) -> int | None:

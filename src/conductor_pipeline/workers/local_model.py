@@ -16,6 +16,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,9 +94,10 @@ def _convert_gguf(cache_dir: Path) -> None:
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    flagged = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
+    with _weights_read_quietly():
+        flagged = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
     config = flagged.config
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
@@ -135,15 +137,59 @@ def load_smollm2(cache_dir: Path | None = None, dtype: str = "float32") -> tuple
 
     The first call converts the GGUF into ``cache_dir`` (~20 s); later calls load from it.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = ensure_smollm2_cache(cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=model_dtype(dtype))
+    model, tokenizer = load_pretrained(ensure_smollm2_cache(cache_dir), model_dtype(dtype))
     model.eval()
+    return model, tokenizer
+
+
+def load_pretrained(source: str | Path, dtype: Any = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a saved folder (or a hub id), the model in the torch
+    ``dtype`` (``None``: as transformers loads it); the tokenizer as
+    :func:`load_pretrained_tokenizer` gives it. No bar is drawn while the weights are read:
+    SmolLM2's take well under a second, and in a terminal the bar broke into the lines
+    around it (``conductor ask``'s workflow, ``make run``'s training bar)."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_pretrained_tokenizer(source)
+    with _weights_read_quietly():
+        model = AutoModelForCausalLM.from_pretrained(
+            source, **({} if dtype is None else {"dtype": dtype})
+        )
+    return model, tokenizer
+
+
+def load_pretrained_tokenizer(source: str | Path) -> Any:
+    """The tokenizer of ``source``, padding with its end-of-text token when it names no pad
+    token. Its clean-up of spaces after decoding is off: transformers skips that clean-up
+    for BPE tokenizers such as SmolLM2's anyway (it would remove spaces before punctuation),
+    and warned about skipping it on the first reply of every process."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer.clean_up_tokenization_spaces = False
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return tokenizer
+
+
+# transformers' bars are one switch for the whole process: loads on two threads (evaluation's
+# Conductor and warm start) must not turn it back on under each other
+_QUIET_LOADS = threading.Lock()
+
+
+@contextlib.contextmanager
+def _weights_read_quietly() -> Iterator[None]:
+    """transformers draws no progress bar inside; the switch is as it was after."""
+    from transformers.utils import logging as transformers_logging
+
+    with _QUIET_LOADS:
+        shown = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            if shown:
+                transformers_logging.enable_progress_bar()
 
 
 # precisions a local Conductor can run in (``conductor.policy.dtype``, ``serving.dtype``)

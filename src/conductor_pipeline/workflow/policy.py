@@ -136,15 +136,16 @@ class LocalPolicy:
                 return
             from conductor_pipeline.generation.attention import use_grouped_attention
             from conductor_pipeline.generation.local import LocalEngine
-            from conductor_pipeline.workers.local_model import load_smollm2, model_dtype
+            from conductor_pipeline.workers.local_model import (
+                load_pretrained,
+                load_smollm2,
+                model_dtype,
+            )
 
             if self.model_dir is None:
                 model, tokenizer = load_smollm2()
             else:
-                from transformers import AutoModelForCausalLM, AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-                model = AutoModelForCausalLM.from_pretrained(self.model_dir)
+                model, tokenizer = load_pretrained(self.model_dir)
             if self.adapter_dir is not None:
                 from peft import PeftModel
 

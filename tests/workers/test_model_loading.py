@@ -1,0 +1,58 @@
+"""Loading a local model prints nothing: no bar while the weights are read, and no warning
+about a space clean-up transformers skips for SmolLM2's BPE tokenizer."""
+
+from __future__ import annotations
+
+import threading
+
+from transformers.utils import logging as transformers_logging
+
+from conductor_pipeline.workers.local_model import (
+    load_pretrained,
+    load_pretrained_tokenizer,
+    load_smollm2,
+)
+
+
+def test_loading_smollm2_draws_no_bar_and_decoding_warns_nothing(capfd):
+    transformers_logging.enable_progress_bar()  # as in a fresh process
+    model, tokenizer = load_smollm2()
+    ids = tokenizer("Is 7 prime? Yes , it is .")["input_ids"]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in err + out
+    assert "clean_up_tokenization_spaces" not in err + out
+    assert tokenizer.clean_up_tokenization_spaces is False  # SmolLM2's configuration says True
+    # the clean-up transformers skipped is off, so the text is what it was
+    assert text == "Is 7 prime? Yes , it is ."
+    assert tokenizer.pad_token_id is not None and not model.training
+    assert transformers_logging.is_progress_bar_enabled()  # the switch as it was
+
+
+def test_loads_on_two_threads_leave_the_bars_as_they_were(tiny_model_dir, capfd):
+    transformers_logging.enable_progress_bar()
+    loaded: list[object] = []
+    threads = [
+        threading.Thread(target=lambda: loaded.append(load_pretrained(tiny_model_dir)))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(loaded) == 2 and "Loading weights" not in capfd.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    load_pretrained(tiny_model_dir)
+    assert not transformers_logging.is_progress_bar_enabled()  # a user's choice is kept
+    transformers_logging.enable_progress_bar()
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_its_end_token(tiny_model_dir, tmp_path):
+    saved = load_pretrained_tokenizer(tiny_model_dir)
+    saved.pad_token = None
+    saved.clean_up_tokenization_spaces = True  # what SmolLM2's own configuration says
+    saved.save_pretrained(tmp_path)
+    tokenizer = load_pretrained_tokenizer(tmp_path)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
+    assert tokenizer.clean_up_tokenization_spaces is False
