@@ -218,3 +218,22 @@ def test_registering_the_pipelines_loads_no_model_library():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_pool_view_of_ask_and_serve_imports_no_statistics_library():
+    """`conductor ask` and `conductor serve` import the evaluation package for its view of
+    the pool; scipy.stats (0.8 s) loads only where a p-value is computed."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from conductor_pipeline.evaluation.systems import PoolView\n"
+        "from conductor_pipeline.evaluation.metrics import mcnemar_exact\n"
+        "before = 'scipy.stats' in sys.modules\n"
+        "p = mcnemar_exact([True, True, False], [False, False, False])\n"
+        "print(before, 'scipy.stats' in sys.modules, round(p, 2))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False True 0.5"
