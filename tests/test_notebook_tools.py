@@ -62,6 +62,25 @@ def test_every_install_of_the_environment_leaves_its_bytecode_compiled():
         assert (site / package / "__pycache__").is_dir(), f"{package} has no bytecode"
 
 
+def test_compiling_the_environment_prints_no_warning_about_installed_code(tmp_path):
+    """`make run` builds .venv in the user's terminal: a SyntaxWarning in an installed
+    package's code (cellpylib compares with `is "recursive"`) is not theirs to act on."""
+    import subprocess
+    import sys
+
+    package = tmp_path / "site" / "pkg"
+    package.mkdir(parents=True)
+    (package / "mod.py").write_text('def f(memoize):\n    return memoize is "recursive"\n')
+    makefile = (REPO / "Makefile").read_text()
+    commands = {line.strip() for line in makefile.splitlines() if "-m compileall" in line}
+    assert len(commands) == 1, commands  # after each install, the same
+    command = commands.pop().replace("$(BIN)/python", sys.executable)
+    command = command.replace("$(SITE_PACKAGES)", str(tmp_path / "site"))
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout + done.stderr == ""
+    assert list((package / "__pycache__").glob("mod.*.pyc"))
+
+
 def test_make_test_notebooks_and_viz_bring_in_the_notebooks_extra_and_make_run_does_not():
     makefile = (REPO / "Makefile").read_text()
     recipe = re.search(r"^\$\(NOTEBOOKS_STAMP\): \$\(STAMP\)\n((?:\t[^\n]*\n)+)", makefile, re.M)
