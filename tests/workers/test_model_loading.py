@@ -7,6 +7,7 @@ import threading
 
 from transformers.utils import logging as transformers_logging
 
+from conductor_pipeline.workers import local_model
 from conductor_pipeline.workers.local_model import (
     load_pretrained,
     load_pretrained_tokenizer,
@@ -56,3 +57,22 @@ def test_a_tokenizer_without_a_pad_token_pads_with_its_end_token(tiny_model_dir,
     tokenizer = load_pretrained_tokenizer(tmp_path)
     assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
     assert tokenizer.clean_up_tokenization_spaces is False
+
+
+def test_the_hubs_download_bars_stay_on_while_a_model_loads(monkeypatch, tmp_path):
+    """A base model fetched from the hub (the GPU profile's, online) shows its download:
+    only transformers' own bars are hidden while a model loads."""
+    import huggingface_hub.utils
+    from transformers import AutoModelForCausalLM
+
+    seen: list[bool] = []
+
+    def fetch(source, **kwargs):
+        seen.append(huggingface_hub.utils.are_progress_bars_disabled())
+        seen.append(transformers_logging.tqdm(range(3), desc="Loading weights").disable)
+        return object()
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fetch)
+    monkeypatch.setattr(local_model, "load_pretrained_tokenizer", lambda source: object())
+    local_model.load_pretrained("org/some-base")
+    assert seen == [False, True]

@@ -172,24 +172,27 @@ def load_pretrained_tokenizer(source: str | Path) -> Any:
     return tokenizer
 
 
-# transformers' bars are one switch for the whole process: loads on two threads (evaluation's
-# Conductor and warm start) must not turn it back on under each other
+# one loading at a time sets transformers' bar hook, so two threads loading at once
+# (evaluation's Conductor and warm start) cannot restore each other's
 _QUIET_LOADS = threading.Lock()
+
+
+def _no_bar(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return factory(*args, **{**kwargs, "disable": True})
 
 
 @contextlib.contextmanager
 def _weights_read_quietly() -> Iterator[None]:
-    """transformers draws no progress bar inside; the switch is as it was after."""
+    """transformers' own bars draw nothing inside; the hub's download bars still do (a GPU
+    base model can take minutes to fetch), and the hook is as it was after."""
     from transformers.utils import logging as transformers_logging
 
     with _QUIET_LOADS:
-        shown = transformers_logging.is_progress_bar_enabled()
-        transformers_logging.disable_progress_bar()
+        previous = transformers_logging.set_tqdm_hook(_no_bar)
         try:
             yield
         finally:
-            if shown:
-                transformers_logging.enable_progress_bar()
+            transformers_logging.set_tqdm_hook(previous)
 
 
 # precisions a local Conductor can run in (``conductor.policy.dtype``, ``serving.dtype``)
