@@ -5,7 +5,9 @@ flagged as quantised, which blocks ``save_pretrained`` and training. The first c
 :func:`load_smollm2` therefore builds a plain float32 copy and saves it to a cache folder;
 later calls load that folder directly (a few seconds instead of ~15 s).
 
-Used by the sandbox's real worker and, later, as the Conductor policy's base model.
+Used by the sandbox's real worker and as the Conductor policy's base model.
+:func:`load_pretrained` is how the project loads any local model with its tokenizer
+(the policy, the real worker, the training base), so that all of them load alike.
 """
 
 from __future__ import annotations
