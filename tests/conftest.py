@@ -77,8 +77,6 @@ def root_logging_restored():
 
 def smollm2_tokenizer():
     """SmolLM2's tokenizer: from the plain-copy cache if present, else from the GGUF."""
-    from transformers import AutoTokenizer
-
     from conductor_pipeline.workers.local_model import (
         cache_complete,
         default_cache_dir,
@@ -90,10 +88,7 @@ def smollm2_tokenizer():
     if cache_complete(cache):
         return load_pretrained_tokenizer(cache)
     gguf = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return load_pretrained_tokenizer(gguf.parent, gguf_file=gguf.name)
 
 
 @pytest.fixture(scope="session")

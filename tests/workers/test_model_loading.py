@@ -43,6 +43,8 @@ def test_loads_on_two_threads_leave_the_bars_as_they_were(tiny_model_dir, capfd)
         thread.join()
     assert len(loaded) == 2 and "Loading weights" not in capfd.readouterr().err
     assert transformers_logging.is_progress_bar_enabled()
+    previous = transformers_logging.set_tqdm_hook(None)
+    assert previous is None  # the loads' hook is gone again: later bars draw
     transformers_logging.disable_progress_bar()
     load_pretrained(tiny_model_dir)
     assert not transformers_logging.is_progress_bar_enabled()  # a user's choice is kept

@@ -160,14 +160,15 @@ def load_pretrained(source: str | Path, dtype: Any = None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def load_pretrained_tokenizer(source: str | Path) -> Any:
-    """The tokenizer of ``source``, padding with its end-of-text token when it names no pad
+def load_pretrained_tokenizer(source: str | Path, **kwargs: Any) -> Any:
+    """The tokenizer of ``source`` (``kwargs`` as ``AutoTokenizer.from_pretrained`` takes
+    them, e.g. ``gguf_file``), padding with its end-of-text token when it names no pad
     token. Its clean-up of spaces after decoding is off: transformers skips that clean-up
     for BPE tokenizers such as SmolLM2's anyway (it would remove spaces before punctuation),
     and warned about skipping it on the first reply of every process."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     tokenizer.clean_up_tokenization_spaces = False
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
