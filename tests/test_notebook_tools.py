@@ -46,13 +46,16 @@ INSTALL = r'pip install --quiet[^"\n]* -e "\.\[([^\]]+)\]"'  # the project with 
 
 def _under_make(tmp_path: Path, command: str, **env: str) -> str:
     """What ``command`` prints when run as a recipe of the project's Makefile (its exported
-    settings applied), with ``env`` in the caller's environment."""
+    settings applied), with ``env`` in the caller's environment. The caller's
+    ``PYTHONWARNINGS`` is left out: under ``make test`` it is the Makefile's own, which the
+    recipe would then inherit whether or not the Makefile still sets it."""
     probe = tmp_path / "probe.mk"
     probe.write_text(f"include {REPO / 'Makefile'}\nprobe:\n\t@{command}\n")
+    caller = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     done = subprocess.run(
         ["make", "-s", "--no-print-directory", "-f", str(probe), "probe"],
         cwd=REPO,
-        env={**os.environ, **env},
+        env={**caller, **env},
         capture_output=True,
         text=True,
         timeout=120,
