@@ -223,14 +223,27 @@ def test_start_timeout_names_the_status_and_stops_the_server():
     assert "no tasks loaded" in server.last_log
 
 
+def _ask_real_worker(server: SandboxServer) -> httpx.Response:
+    body = {"model": "smollm2-135m", "messages": MESSAGES, "max_tokens": 4, "seed": 1}
+    return httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+
+
 @pytest.mark.slow
-def test_a_start_without_waiting_for_the_model_answers_first_and_is_ready_later():
+def test_a_request_for_the_real_worker_while_its_model_loads_waits_for_it():
+    """The pool is handed out before the model has loaded (workers/runtime.py): a call to
+    the real worker that comes meanwhile is answered once the model is in memory."""
     server = SandboxServer(tasks=TASKS, latency_scale=0.0)
     try:
         server.start(wait_for_model=False)
-        assert httpx.get(f"{server.url}/health", timeout=5).status_code in (200, 503)
-        server.wait_until_ready()
+        assert httpx.get(f"{server.url}/health", timeout=5).json()["status"] == "loading"
+        simulated = {"model": "sim-sage", "messages": MESSAGES}
+        sim = httpx.post(f"{server.base_url}/chat/completions", json=simulated, timeout=30)
+        assert sim.status_code == 200  # the simulated workers do not wait
+        reply = _ask_real_worker(server)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] >= 1
         assert httpx.get(f"{server.url}/health", timeout=5).json()["status"] == "ok"
+        server.wait_until_ready()
     finally:
         server.stop()
 
@@ -240,6 +253,10 @@ def test_a_model_that_cannot_load_fails_the_wait_for_it_and_stops_the_server(tmp
     not_a_folder.write_text("a file where the cache's parent folder should be")
     server = SandboxServer(tasks=TASKS, latency_scale=0.0, model_cache_dir=not_a_folder / "smollm2")
     server.start(wait_for_model=False)  # the simulated workers answer before the model fails
+    # a request that waited for the load gets its error, not a hang
+    reply = _ask_real_worker(server)
+    assert reply.status_code == 503
+    assert "is unavailable: FileExistsError: " in reply.json()["error"]["message"]
     with pytest.raises(SandboxStartError, match="failed to load its real model"):
         server.wait_until_ready()
     assert not server.running

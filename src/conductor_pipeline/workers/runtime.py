@@ -208,11 +208,9 @@ def open_worker_pool(
     with contextlib.ExitStack() as stack:
         if cache is not None:
             stack.callback(cache.close)
-        question_check = server = None
+        question_check = None
         if config["kind"] == "sandbox":
-            server, entries, question_check = _sandbox_entries(
-                config.get("sandbox") or {}, root, stack
-            )
+            entries, question_check = _sandbox_entries(config.get("sandbox") or {}, root, stack)
             pool_config: Any = {"workers": entries, "defaults": config.get("defaults") or {}}
         else:
             pool_config = {
@@ -228,11 +226,9 @@ def open_worker_pool(
         )
         pool.question_check = question_check
         pool.faults = provider_faults
+        # the sandbox's real model may still be loading: a call to it waits for the load on
+        # the server, so the caller's own start-up and its other workers' calls go on
         stack.callback(lambda: asyncio.run(pool.aclose()))
-        if server is not None:
-            # the sandbox's real model loaded while the pool was built (litellm's import alone
-            # takes seconds); no call goes out before it is ready
-            server.wait_until_ready()
         if fault_rates:
             yield _FaultyPool(pool, FaultInjector(pool, dict(fault_rates), seed=fault_seed))
         else:
@@ -241,10 +237,10 @@ def open_worker_pool(
 
 def _sandbox_entries(
     sandbox: Mapping[str, Any], root: Path, stack: contextlib.ExitStack
-) -> tuple[Any, list[dict[str, Any]], Any]:
-    """The started sandbox server (answering, its real model possibly still loading), its
-    worker entries, and its question check when the selected workers include simulated
-    ones (None when only real models answer)."""
+) -> tuple[list[dict[str, Any]], Any]:
+    """Starts the sandbox server (answering, its real model possibly still loading) until
+    ``stack`` closes; its worker entries, and its question check when the selected workers
+    include simulated ones (None when only real models answer)."""
     from conductor_pipeline.workers.sandbox import (
         SandboxQuestionCheck,
         SandboxServer,
@@ -276,8 +272,8 @@ def _sandbox_entries(
     entries = _select(server.pool_config(), sandbox.get("workers"))
     simulated = {profile.name for profile in load_profiles(server.profiles_path).simulated}
     if any(entry["name"] in simulated for entry in entries):
-        return server, entries, SandboxQuestionCheck(server.url)
-    return server, entries, None
+        return entries, SandboxQuestionCheck(server.url)
+    return entries, None
 
 
 class _FaultyPool:

@@ -58,6 +58,9 @@ class AppState:
     started_at: int = field(default_factory=lambda: int(time.time()))
 
 
+LOAD_POLL_S = 0.1  # how often a request for a real worker looks whether its model has loaded
+
+
 def app_state(request: Request) -> AppState:
     return request.app.state.sandbox
 
@@ -250,13 +253,14 @@ async def _until_disconnected(request: Request, poll_s: float = 0.5) -> None:
 
 async def _answer_real(state: AppState, body: SandboxChatRequest, request: Request) -> JSONResponse:
     real = state.real
-    if not real.ready.is_set() or real.model is None:
-        if real.error:
-            reason = real.error
-        elif not real.ready.is_set():
-            reason = "the model is still loading"
-        else:
-            reason = "the server was started without the real model"
+    # A request that comes while the model loads waits for it: the pool is handed out before
+    # the load ends (5-30 s), so that the work that needs no real worker starts at once
+    while not real.ready.is_set():
+        if await request.is_disconnected():
+            return error_response(499, "the client closed the connection", kind="cancelled")
+        await asyncio.sleep(LOAD_POLL_S)
+    if real.model is None:
+        reason = real.error or "the server was started without the real model"
         return error_response(
             503,
             f"worker {body.model!r} is unavailable: {reason}",

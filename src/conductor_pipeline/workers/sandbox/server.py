@@ -95,8 +95,9 @@ def create_app(
     """The sandbox's FastAPI app; its endpoints are ``workers.sandbox.handlers``.
 
     With ``load_real_model`` the real workers' model loads in a background thread when the
-    app starts (``GET /health`` answers 503 until it is ready); without it the app is ready
-    at once and requests to real workers answer 503.
+    app starts (``GET /health`` answers 503 until it is ready, and a request to a real worker
+    waits for it); without it the app is ready at once and requests to real workers answer
+    503.
 
     ``torch_threads`` caps torch's CPU threads in this process (default 1: the sandbox
     shares its cores with the pipeline, and on an oversubscribed 2-core machine SmolLM2 ran
