@@ -343,8 +343,9 @@ class SimulatedWorker:
     def _answer_visible(self, task: Task, text: str, luck: TaskLuck) -> tuple[str, str, bool]:
         # Earlier attempts: answers put forward in the text, outside the question itself.
         attempts = extract_attempts(text.replace(task.question, " "), task.answer_format)
-        right = [a for a in attempts if is_correct(task, a)]
-        wrong = [a for a in attempts if not is_correct(task, a)]
+        verdicts = [(a, is_correct(task, a)) for a in attempts]
+        right = [a for a, ok in verdicts if ok]
+        wrong = [a for a, ok in verdicts if not ok]
         mode = visible_reply_mode(
             solved=luck.solve < self.profile.skill_for(task.domain, task.difficulty),
             checked=luck.check < self.profile.verify_skill,
