@@ -210,6 +210,8 @@ def open_worker_pool(
             stack.callback(cache.close)
         question_check = None
         if config["kind"] == "sandbox":
+            # the pool is handed out while the sandbox's real model may still be loading: a
+            # call to it waits for the load on the server, and everything else goes on
             entries, question_check = _sandbox_entries(config.get("sandbox") or {}, root, stack)
             pool_config: Any = {"workers": entries, "defaults": config.get("defaults") or {}}
         else:
@@ -226,8 +228,6 @@ def open_worker_pool(
         )
         pool.question_check = question_check
         pool.faults = provider_faults
-        # the sandbox's real model may still be loading: a call to it waits for the load on
-        # the server, so the caller's own start-up and its other workers' calls go on
         stack.callback(lambda: asyncio.run(pool.aclose()))
         if fault_rates:
             yield _FaultyPool(pool, FaultInjector(pool, dict(fault_rates), seed=fault_seed))
