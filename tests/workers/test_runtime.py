@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import httpx
@@ -172,3 +173,29 @@ def test_real_smollm2_worker_generates_through_the_pool(tasks_path, tmp_path):
     assert reply.ok, reply.error
     assert reply.text.strip()
     assert reply.usage.completion_tokens > 0 and reply.usage.cost_usd > 0
+
+
+def test_a_real_model_that_fails_to_load_is_logged_once_and_the_simulated_workers_answer(
+    tasks_path, tmp_path, monkeypatch, caplog
+):
+    not_a_folder = tmp_path / "models"
+    not_a_folder.write_text("a file where the model cache's parent folder should be")
+    monkeypatch.setenv("CONDUCTOR_MODEL_CACHE", str(not_a_folder / "smollm2"))
+    config = sandbox_config(tasks_path, cache={"mode": "off"})
+    config["sandbox"].update(load_real_model=True, workers=["smollm2-135m", "sim-sage"])
+    messages = [{"role": "user", "content": TASKS[0].question}]
+    with (
+        caplog.at_level("WARNING", logger="conductor_pipeline.workers.runtime"),
+        open_worker_pool(config, root=tmp_path) as pool,
+    ):
+        real = asyncio.run(pool("smollm2-135m", messages))
+        simulated = asyncio.run(pool("sim-sage", messages))
+        deadline = time.monotonic() + 30  # the watcher polls /health every 0.5 s
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert not real.ok and "FileExistsError" in real.error
+    assert simulated.ok
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "real worker's model failed to load (FileExistsError: " in warnings[0]
+    assert "counts as an infra failure" in warnings[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -253,10 +254,13 @@ def test_a_model_that_cannot_load_fails_the_wait_for_it_and_stops_the_server(tmp
     not_a_folder.write_text("a file where the cache's parent folder should be")
     server = SandboxServer(tasks=TASKS, latency_scale=0.0, model_cache_dir=not_a_folder / "smollm2")
     server.start(wait_for_model=False)  # the simulated workers answer before the model fails
+    reported: queue.Queue[str] = queue.Queue()
+    server.watch_model_load(reported.put, poll_s=0.1)
     # a request that waited for the load gets its error, not a hang
     reply = _ask_real_worker(server)
     assert reply.status_code == 503
     assert "is unavailable: FileExistsError: " in reply.json()["error"]["message"]
+    assert reported.get(timeout=30).startswith("FileExistsError: ")  # a bound for a hang
     with pytest.raises(SandboxStartError, match="failed to load its real model"):
         server.wait_until_ready()
     assert not server.running
@@ -318,3 +322,13 @@ def test_server_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
             process.wait()
         if server_pid is not None and _running(server_pid):
             os.kill(server_pid, signal.SIGKILL)
+
+
+def test_a_server_stopped_while_its_model_loads_reports_no_load_error():
+    server = SandboxServer(tasks=TASKS, latency_scale=0.0)
+    reported: queue.Queue[str] = queue.Queue()
+    server.start(wait_for_model=False)
+    server.watch_model_load(reported.put, poll_s=0.05)
+    server.stop()
+    time.sleep(0.5)  # the watcher's poll sees the server gone and ends quietly
+    assert reported.empty()

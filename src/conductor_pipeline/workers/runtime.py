@@ -269,11 +269,22 @@ def _sandbox_entries(
     )
     server.start(wait_for_model=False)
     stack.callback(server.stop)
+    server.watch_model_load(_warn_real_model_failed)
     entries = _select(server.pool_config(), sandbox.get("workers"))
     simulated = {profile.name for profile in load_profiles(server.profiles_path).simulated}
     if any(entry["name"] in simulated for entry in entries):
         return entries, SandboxQuestionCheck(server.url)
     return entries, None
+
+
+def _warn_real_model_failed(error: str) -> None:
+    # the run goes on with the simulated workers, so say once, when it happens, why every
+    # call to the real worker will now fail (each such call is an infra failure)
+    logger.warning(
+        "worker_pool.sandbox: the real worker's model failed to load (%s); every call to it "
+        "fails from now on and counts as an infra failure, while the simulated workers answer",
+        error,
+    )
 
 
 class _FaultyPool:

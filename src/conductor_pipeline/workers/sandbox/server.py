@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +394,34 @@ class SandboxServer:
         if self._process is None:
             raise RuntimeError("sandbox server not started")
         self._wait_or_stop(loading_is_enough=False)
+
+    def watch_model_load(self, on_error: Callable[[str], None], poll_s: float = 0.5) -> None:
+        """Call ``on_error`` with the load's error, from a daemon thread, if the real model of
+        the started server fails to load. Nothing is called when the load succeeds or the
+        server stops first: a caller that went on while the model loads (``start(
+        wait_for_model=False)``) learns of the failure when it happens, not at its first call."""
+        import httpx
+
+        process = self._process
+        if process is None:
+            raise RuntimeError("sandbox server not started")
+        health = f"{self.url}/health"
+
+        def watch() -> None:
+            while self._process is process and process.poll() is None:
+                try:
+                    status = httpx.get(health, timeout=2.0).json()
+                except (httpx.TransportError, ValueError):
+                    status = {}
+                if status.get("status") == "ok":
+                    return
+                if status.get("status") == "error":
+                    if self._process is process:
+                        on_error(str(status.get("detail")))
+                    return
+                time.sleep(poll_s)
+
+        threading.Thread(target=watch, name="sandbox-model-load-watch", daemon=True).start()
 
     def _wait_or_stop(self, *, loading_is_enough: bool) -> None:
         try:
