@@ -199,3 +199,24 @@ def test_a_real_model_that_fails_to_load_is_logged_once_and_the_simulated_worker
     assert len(warnings) == 1, warnings
     assert "real worker's model failed to load (FileExistsError: " in warnings[0]
     assert "counts as an infra failure" in warnings[0]
+
+
+def test_a_pool_without_the_real_worker_is_not_warned_of_its_failed_load(
+    tasks_path, tmp_path, monkeypatch, caplog
+):
+    not_a_folder = tmp_path / "models"
+    not_a_folder.write_text("a file where the model cache's parent folder should be")
+    monkeypatch.setenv("CONDUCTOR_MODEL_CACHE", str(not_a_folder / "smollm2"))
+    config = sandbox_config(tasks_path, cache={"mode": "off"})
+    config["sandbox"].update(load_real_model=True, workers=["sim-sage"])
+    with (
+        caplog.at_level("WARNING", logger="conductor_pipeline.workers.runtime"),
+        open_worker_pool(config, root=tmp_path) as pool,
+    ):
+        health = pool.question_check.url + "/health"
+        deadline = time.monotonic() + 30  # until the server has given up on the model
+        while httpx.get(health, timeout=5).json()["status"] != "error":
+            assert time.monotonic() < deadline, "the model load neither failed nor ended"
+            time.sleep(0.1)
+        time.sleep(1.0)  # twice the watcher's poll, had it been started
+    assert not caplog.records

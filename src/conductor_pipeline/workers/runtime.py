@@ -269,10 +269,13 @@ def _sandbox_entries(
     )
     server.start(wait_for_model=False)
     stack.callback(server.stop)
-    server.watch_model_load(_warn_real_model_failed)
     entries = _select(server.pool_config(), sandbox.get("workers"))
-    simulated = {profile.name for profile in load_profiles(server.profiles_path).simulated}
-    if any(entry["name"] in simulated for entry in entries):
+    profiles = load_profiles(server.profiles_path)
+    selected = {entry["name"] for entry in entries}
+    if selected & {profile.name for profile in profiles.real}:
+        # only a pool that calls the real worker is told its load failed
+        server.watch_model_load(_warn_real_model_failed)
+    if selected & {profile.name for profile in profiles.simulated}:
         return entries, SandboxQuestionCheck(server.url)
     return entries, None
 
