@@ -175,12 +175,18 @@ def test_real_smollm2_worker_generates_through_the_pool(tasks_path, tmp_path):
     assert reply.usage.completion_tokens > 0 and reply.usage.cost_usd > 0
 
 
-def test_a_real_model_that_fails_to_load_is_logged_once_and_the_simulated_workers_answer(
-    tasks_path, tmp_path, monkeypatch, caplog
-):
+@pytest.fixture
+def unloadable_model(tmp_path, monkeypatch) -> None:
+    """The sandbox's real model cannot load: its cache folder's parent is a file."""
     not_a_folder = tmp_path / "models"
     not_a_folder.write_text("a file where the model cache's parent folder should be")
     monkeypatch.setenv("CONDUCTOR_MODEL_CACHE", str(not_a_folder / "smollm2"))
+
+
+@pytest.mark.usefixtures("unloadable_model")
+def test_a_real_model_that_fails_to_load_is_logged_once_and_the_simulated_workers_answer(
+    tasks_path, tmp_path, caplog
+):
     config = sandbox_config(tasks_path, cache={"mode": "off"})
     config["sandbox"].update(load_real_model=True, workers=["smollm2-135m", "sim-sage"])
     messages = [{"role": "user", "content": TASKS[0].question}]
@@ -201,12 +207,10 @@ def test_a_real_model_that_fails_to_load_is_logged_once_and_the_simulated_worker
     assert "counts as an infra failure" in warnings[0]
 
 
+@pytest.mark.usefixtures("unloadable_model")
 def test_a_pool_without_the_real_worker_is_not_warned_of_its_failed_load(
-    tasks_path, tmp_path, monkeypatch, caplog
+    tasks_path, tmp_path, caplog
 ):
-    not_a_folder = tmp_path / "models"
-    not_a_folder.write_text("a file where the model cache's parent folder should be")
-    monkeypatch.setenv("CONDUCTOR_MODEL_CACHE", str(not_a_folder / "smollm2"))
     config = sandbox_config(tasks_path, cache={"mode": "off"})
     config["sandbox"].update(load_real_model=True, workers=["sim-sage"])
     with (
