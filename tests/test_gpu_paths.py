@@ -145,13 +145,13 @@ def test_conductor_promote_rolls_back_the_profiles_own_model(monkeypatch, capsys
     sandbox's."""
     from argparse import Namespace
 
-    from conductor_pipeline import cli, promotion
+    from conductor_pipeline import commands, promotion
 
     asked: list[str] = []
 
     monkeypatch.setattr(promotion, "_alias_version", lambda client, alias, name: asked.append(name))
     monkeypatch.setattr(promotion, "_client", lambda: object())  # no MLflow store needed
-    assert cli.cmd_promote(Namespace(rollback=True, env="gpu")) == 1
+    assert commands.cmd_promote(Namespace(rollback=True, env="gpu")) == 1
     assert asked == ["conductor-qwen"]
     assert "conductor-qwen has no champion" in capsys.readouterr().err
 
@@ -159,7 +159,7 @@ def test_conductor_promote_rolls_back_the_profiles_own_model(monkeypatch, capsys
 def test_ask_sample_draws_from_the_profiles_own_split(tmp_path):
     import pandas as pd
 
-    from conductor_pipeline.cli import pick_sample_question
+    from conductor_pipeline.commands import pick_sample_question
     from conductor_pipeline.project import load_project_config
 
     gpu = load_project_config("gpu", root=REPO)

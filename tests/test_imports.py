@@ -1,7 +1,7 @@
 """The package's import structure, read from the source (``ast``), nothing imported:
 
 - only ``pipeline_registry`` reaches into ``pipelines/`` from outside it (the commands of
-  ``cli`` and ``run_checks`` do so inside functions, at the moment they run a pipeline's
+  ``commands`` and ``run_checks`` do so inside functions, at the moment they run a pipeline's
   node function);
 - the core packages (``workflow``, ``workers``, ``tasks``) import neither Kedro nor MLflow,
   nor the packages built on them;
@@ -28,7 +28,7 @@ ENGINE = "generation"
 ABOVE_CORE = ("pipelines", "serving", "training", "evaluation", "reporting")
 # Modules outside pipelines/ that import from it, inside a function only, and why.
 PIPELINE_CALLERS = {
-    "conductor_pipeline.cli": "`conductor promote` runs the promotion node's decision",
+    "conductor_pipeline.commands": "`conductor promote` runs the promotion node's decision",
     "conductor_pipeline.run_checks": "checks data_prep's parameters with its own validation",
 }
 
