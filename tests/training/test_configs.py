@@ -169,6 +169,28 @@ def test_the_checker_is_never_a_solver_unless_asked(distinct):
     assert {workers[-1] for workers in multi} == {0, 1, 2, 3}
 
 
+@pytest.mark.parametrize("in_order", [True, False])
+def test_parallel_attempts_in_pool_order_when_asked(in_order):
+    """With ``attempts_in_pool_order`` a set of parallel solvers is written one way (the
+    pool's order); the examples are otherwise the same ones, workers and shapes alike."""
+    params = {"shapes": {"parallel_aggregate": 1.0}, "max_parallel_attempts": 3}
+    plain = ReferencePlanner(
+        ["a", "b", "c", "d", "e"], TrainingConfig.from_params({"sft": params}).sft
+    )
+    settings = TrainingConfig.from_params(
+        {"sft": {**params, "attempts_in_pool_order": in_order}}
+    ).sft
+    planner = ReferencePlanner(["a", "b", "c", "d", "e"], settings)
+    orders = set()
+    for i in range(200):
+        task = make_task(i, i, 1)
+        *solvers, last = [s.worker for s in planner.plan(task).workflow.steps]
+        *usual, usual_last = [s.worker for s in plain.plan(task).workflow.steps]
+        assert (sorted(solvers), last) == (sorted(usual), usual_last)
+        orders.add(solvers == sorted(solvers))
+    assert orders == ({True} if in_order else {True, False})
+
+
 def test_warm_start_defaults_write_one_wording_per_role_and_mostly_multi_step():
     """The default examples: multi-step shapes weigh most, a parallel workflow has two
     attempts, and each role has one fixed wording (lists of equal length are easier to

@@ -247,6 +247,9 @@ class SFTSettings:
     after the subtasks and the access list, so that their count follows the shape already
     written (docs/measurements.md, "The warm start at GRPO step 1"). ``distinct_checker``:
     the worker that checks or aggregates is never one of the example's solvers.
+    ``attempts_in_pool_order``: the parallel attempts are written in the pool's order (their
+    order changes nothing they compute), so a set of solvers has one spelling, not one per
+    permutation, and no solver follows itself.
     """
 
     enabled: bool = True
@@ -265,6 +268,7 @@ class SFTSettings:
     subtask_wordings: int = 1
     model_id_last: bool = False
     distinct_checker: bool = True
+    attempts_in_pool_order: bool = False
     domain_workers: Mapping[str, str] = field(default_factory=dict)
     default_worker: str = "sim-sage"
     verifier_worker: str = "sim-sage"

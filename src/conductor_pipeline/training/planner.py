@@ -129,6 +129,8 @@ class ReferencePlanner:
         solvers = rng.sample(range(n), min(count - 1, n))
         while len(solvers) < count - 1:
             solvers.append(rng.randrange(n))
+        if self.settings.attempts_in_pool_order:
+            solvers.sort()
         if self.settings.distinct_checker:
             others = [w for w in range(n) if w not in solvers]
             if others:  # a pool no larger than the solvers has no other worker to check
