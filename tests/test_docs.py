@@ -406,3 +406,17 @@ def test_the_reference_takes_each_key_with_its_value_and_comment():
         ("training.text", 1, "key: not a key\n", ""),
         ("url", 0, "http://127.0.0.1:8000/v1#anchor", ""),
     ]
+
+
+def test_the_training_page_gives_the_warm_starts_shape_weights_of_conf_base():
+    """docs/training.md states the share of each warm-start shape; it said 25/40/35 % (the
+    settings' class defaults) while conf/base weighs 15/25/60 %."""
+    training = yaml.safe_load((REPO / "conf/base/parameters_training.yml").read_text())
+    shapes = training["training"]["sft"]["shapes"]
+    text = " ".join((REPO / "docs" / "training.md").read_text(encoding="utf-8").split())
+    section = text[text.index("## What the sandbox trains") : text.index("2. **GRPO.**")]
+    total = sum(shapes.values())
+    for shape, weight in shapes.items():
+        stated = re.search(rf"`{shape}` \([^%]*?(\d+) %\)", section)
+        assert stated, f"docs/training.md gives no share for the {shape} shape"
+        assert int(stated.group(1)) == round(100 * weight / total), shape
