@@ -1,6 +1,7 @@
 """Offline by default outside the Makefile too: `kedro run`, `kedro jupyter` and notebooks
-import the project settings, which set the offline variables; Kedro telemetry is refused by
-the project's `.telemetry` file even when no variable is set."""
+import the project settings, and the `conductor` command its modules, which set the offline
+variables; Kedro telemetry is refused by the project's `.telemetry` file even when no variable
+is set."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conductor_pipeline.offline import OFFLINE_DEFAULTS
 
@@ -20,10 +23,16 @@ def _bare_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
-def test_project_settings_set_the_offline_variables_but_keep_the_users_choice():
+@pytest.mark.parametrize(
+    "module",
+    ["conductor_pipeline.settings", "conductor_pipeline.cli", "conductor_pipeline.commands"],
+)
+def test_project_entry_points_set_the_offline_variables_but_keep_the_users_choice(module):
+    """The project settings (``kedro``, notebooks), the ``conductor`` command and its
+    commands' module imported alone (a script calling a command)."""
     code = (
         "import json, os\n"
-        "import conductor_pipeline.settings\n"
+        f"import {module}\n"
         "from conductor_pipeline.offline import OFFLINE_DEFAULTS\n"
         "print(json.dumps({k: os.environ.get(k) for k in OFFLINE_DEFAULTS}))\n"
     )

@@ -19,6 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from conductor_pipeline.offline import apply_offline_defaults
+
+apply_offline_defaults()  # the commands import litellm and transformers when they run
+
 # `--adapter none`: ask the untrained base policy on purpose
 BASE_POLICY = "none"
 NO_TRAINED_CONDUCTOR = (
