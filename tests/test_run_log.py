@@ -247,7 +247,7 @@ def test_the_hooks_record_what_this_run_registered_and_decided():
     hooks = RunSummaryHooks()
     hooks.before_pipeline_run({"pipeline_names": ["evaluation"]}, pipeline, None)
     hooks.after_node_run(None, None, {}, {"evaluation_summary": "table"}, False, "r")
-    evaluated = hooks._activity
+    evaluated = hooks.activity
     assert (evaluated.pipelines, evaluated.nodes, evaluated.outputs) == (
         ("evaluation",),
         1,
@@ -260,8 +260,8 @@ def test_the_hooks_record_what_this_run_registered_and_decided():
     hooks.before_pipeline_run({"pipeline_names": None}, pipeline, None)
     hooks.after_node_run(None, None, {}, {"conductor_model_version": {"version": 4}}, False, "r")
     hooks.after_node_run(None, None, {}, {"promotion_decision": decision}, False, "r")
-    assert hooks._activity.pipelines == ("__default__",)
-    assert (hooks._activity.registered, hooks._activity.decision) == ("4", decision)
+    assert hooks.activity.pipelines == ("__default__",)
+    assert (hooks.activity.registered, hooks.activity.decision) == ("4", decision)
 
 
 def test_the_summary_of_a_gpu_run_reads_the_gpu_profiles_tree_and_model(tmp_path):

@@ -176,22 +176,23 @@ class RunSummaryHooks:
     """Ends a run that evaluated the Conductor (``__default__``, ``evaluation``,
     ``retraining``) with :func:`run_summary` instead of the bare "Pipeline execution
     completed", stating only what this run did: what it registered and what promotion
-    decision it made are taken from its own nodes' outputs as they run."""
+    decision it made are taken from its own nodes' outputs as they run, into ``activity``
+    (the current run's :class:`RunActivity`)."""
 
     def __init__(self) -> None:
-        self._activity = RunActivity()
+        self.activity = RunActivity()
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
         names = run_params.get("pipeline_names") or run_params.get("pipeline_name")
         names = [names] if isinstance(names, str) else list(names or ["__default__"])
-        self._activity = RunActivity(
+        self.activity = RunActivity(
             pipelines=tuple(names), outputs=frozenset(pipeline.all_outputs())
         )
 
     @hook_impl
     def after_node_run(self, node, catalog, inputs, outputs, is_async, run_id) -> None:
-        activity = self._activity
+        activity = self.activity
         activity.nodes += 1
         for name, value in (outputs or {}).items():
             if name == DECISION_DATASET and isinstance(value, dict):
@@ -206,7 +207,7 @@ class RunSummaryHooks:
         try:
             root = project_root()
             profile = load_project_config(run_params.get("env"), root)
-            activity = self._activity
+            activity = self.activity
             if activity.decision is None:
                 activity.champion = current_champion(profile.registered_model)
             text = run_summary(

@@ -96,7 +96,7 @@ def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model_dir, t
         batch = await complete_batch(
             policy, SHARED, temperature=temperature, max_tokens=10, seeds=seeds
         )
-        kept = policy._engine.prefix[0]
+        kept = policy.engine.prefix[0]
         later = await complete_batch(
             policy, SHARED[1:2], temperature=temperature, max_tokens=10, seeds=seeds[1:2]
         )
@@ -104,7 +104,7 @@ def test_a_shared_opening_is_computed_once_and_changes_nothing(tiny_model_dir, t
 
     single, batch, kept, later = asyncio.run(go())
     assert len(kept) > 32  # the opening was cached ...
-    assert policy._engine.prefix[0] == kept  # ... and reused by a later one-row batch
+    assert policy.engine.prefix[0] == kept  # ... and reused by a later one-row batch
     assert [c.text for c in batch] == [c.text for c in single]
     assert [c.prompt_tokens for c in batch] == [c.prompt_tokens for c in single]
     assert later[0].text == single[1].text
@@ -119,7 +119,7 @@ def test_the_kept_opening_is_never_written_to(tiny_model_dir):
     import torch
 
     def kept_tensors() -> list:
-        return [t.clone() for kv in policy._engine.prefix[1] for t in kv]
+        return [t.clone() for kv in policy.engine.prefix[1] for t in kv]
 
     async def go():
         await complete_batch(policy, SHARED, temperature=1.0, max_tokens=12, seeds=[1, 2, 3])
@@ -157,7 +157,7 @@ def test_rows_that_share_part_of_the_kept_opening_start_from_its_first_columns(t
 
     async def go():
         await complete_batch(policy, question, temperature=1.0, max_tokens=6, seeds=[1, 2])
-        kept = policy._engine.prefix[0]
+        kept = policy.engine.prefix[0]
         hits = policy.prefix_hits
         reply = await policy.complete(other, temperature=1.0, max_tokens=6, seed=3)
         alone = await fresh.complete(other, temperature=1.0, max_tokens=6, seed=3)
@@ -171,5 +171,5 @@ def test_rows_that_share_part_of_the_kept_opening_start_from_its_first_columns(t
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rows = [encode_chat(tokenizer, m)[0] for m in (*question, other)]
     assert rows[0][: len(kept)] == list(kept) and rows[2][: len(kept)] != list(kept)
-    assert policy._engine.prefix[0] == kept and policy.prefix_hits == hits + 1
+    assert policy.engine.prefix[0] == kept and policy.prefix_hits == hits + 1
     assert reply.text == alone.text

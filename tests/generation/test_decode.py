@@ -232,11 +232,11 @@ def test_a_policy_guesses_from_earlier_replies_in_either_precision(tiny_model_di
     policy = LocalPolicy(model_dir=tiny_model_dir, torch_threads=1, dtype=dtype)
     asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
     asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
-    assert len(policy._engine.recent_replies) == 2
+    assert len(policy.engine.recent_replies) == 2
     # a 0-token request writes nothing and leaves the replies to guess from as they were
     empty = asyncio.run(policy.complete(_MESSAGES, temperature=0.7, max_tokens=0, seed=1))
     assert (empty.text, empty.completion_tokens) == ("", 0)
-    assert len(policy._engine.recent_replies) == 2
+    assert len(policy.engine.recent_replies) == 2
     plain = LocalPolicy(model_dir=tiny_model_dir, torch_threads=1, dtype=dtype, lookup_tokens=0)
     first = asyncio.run(plain.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
     again = asyncio.run(plain.complete(_MESSAGES, temperature=0.7, max_tokens=8, seed=1))
@@ -319,8 +319,8 @@ def _prompt_groups(policy, conversations) -> list[list[int]]:
     from conductor_pipeline.generation.chat import encode_chat
     from conductor_pipeline.generation.local import length_groups
 
-    rows = [encode_chat(policy._tokenizer, c)[0] for c in conversations]
-    opening = policy._engine.shared_prefix(rows)
+    rows = [encode_chat(policy.tokenizer, c)[0] for c in conversations]
+    opening = policy.engine.shared_prefix(rows)
     return length_groups([len(r) - opening for r in rows])
 
 
@@ -450,7 +450,7 @@ def test_a_batch_pass_feeds_and_projects_only_the_tokens_its_rows_were_fed(local
     import asyncio
 
     policy = local_policy
-    model = policy._model
+    model = policy.model
     # the opening these prompts share, kept first: other tests on this policy may have kept
     # another one, and computing it is a pass of its own (no mask, not a batch pass)
     asyncio.run(
@@ -502,15 +502,15 @@ def test_packed_and_padded_passes_give_the_same_tokens(local_policy):
     from conductor_pipeline.generation.chat import encode_chat
 
     policy = local_policy
-    rows = [encode_chat(policy._tokenizer, c)[0] for c in _batch_conversations()]
+    rows = [encode_chat(policy.tokenizer, c)[0] for c in _batch_conversations()]
 
     def decode(packed: bool) -> list[list[int]]:
         decoder = BatchLookupDecoder(
-            policy._model, policy._tokenizer.eos_token_id, policy._tokenizer.pad_token_id, 8
+            policy.model, policy.tokenizer.eos_token_id, policy.tokenizer.pad_token_id, 8
         )
         assert decoder._packed  # the real model attends with the grouped SDPA
         decoder._packed = packed
-        engine = policy._engine
+        engine = policy.engine
         input_ids, attention_mask, shared = engine.padded(rows)
         seeds = [5, 6, 7, 8, 9]
         with torch.inference_mode():

@@ -42,6 +42,7 @@ class FakePolicy:
         self.loaded = False
         self.passes = passes
         self.joins: list[tuple[int, int]] = []  # (rows writing, rows joining)
+        self.ended = 0  # batches whose call has returned
         self.release = threading.Event()
         self.release.set()
 
@@ -61,6 +62,7 @@ class FakePolicy:
         if self.hold is not None:
             await self.hold.wait()
         await asyncio.to_thread(self._run, list(first), more, done)
+        self.ended += 1
 
     def _run(self, joining, more, done) -> None:  # noqa: ANN001
         import time
@@ -403,7 +405,7 @@ def test_real_policy_uses_grouped_attention_with_the_same_logits(smollm2, monkey
 
     from conductor_pipeline.generation.attention import GROUPED_ATTENTION
 
-    model = smollm2._model
+    model = smollm2.model
     assert model.config._attn_implementation == GROUPED_ATTENTION
     ids = torch.tensor([[2, 2, 2, 504, 3493, 28], [1, 9690, 504, 3493, 28, 1004]])
     mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
@@ -440,7 +442,7 @@ def test_real_policy_rows_leave_the_batch_when_they_end(smollm2, monkeypatch):
     lengths = [c.completion_tokens for c in single]
     assert len(set(lengths)) > 1  # the prompts end at different lengths
     fed = []  # every pass through the layers: the prefill's, then the decoding ones
-    hook = smollm2._model.get_decoder().register_forward_pre_hook(
+    hook = smollm2.model.get_decoder().register_forward_pre_hook(
         lambda _, args, kwargs: fed.append(kwargs["input_ids"].shape), with_kwargs=True
     )
     batch: dict[int, PolicyCompletion] = {}
@@ -502,39 +504,45 @@ def test_the_concurrency_benchmark_reports_each_client_count():
     assert figures["ready_s"] > 0
 
 
+async def _opens_at_once(policy: MicroBatchingPolicy, fake: FakePolicy, *seeds: int) -> bool:
+    """Whether requests with these seeds start a batch within a few turns of the loop (their
+    window is far longer). Either way they are done with on return: answered, and their
+    batch ended (the next requests must not join it), or cancelled while they waited."""
+    calls = len(fake.calls)
+    asked = [asyncio.create_task(_ask(policy, f"q{seed}", seed)) for seed in seeds]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    if len(fake.calls) == calls:
+        for task in asked:
+            task.cancel()
+        await asyncio.gather(*asked, return_exceptions=True)
+        return False
+    await asyncio.gather(*asked)
+    while fake.ended < len(fake.calls):
+        await asyncio.sleep(0.001)
+    return True
+
+
 def test_the_window_is_skipped_only_for_a_lone_request():
     fake = FakePolicy()
     policy = MicroBatchingPolicy(fake, BatchingSettings(max_wait_ms=10_000))
-    waiting = _Waiting_stub()
-    policy._queue = [waiting]
-    assert not policy._alone()  # no count of requests in flight: the window runs
     in_flight = [2]
-    policy.in_flight = lambda: in_flight[0]
-    assert not policy._alone()  # another request is on its way
-    in_flight[0] = 1
-    assert policy._alone()
-    policy._last_rows = 3  # right after a batch of several, their clients come back
-    assert not policy._alone()
 
-    async def lone():  # its batch starts at once, not after the 10 s window
-        policy._last_rows = 1
-        task = asyncio.create_task(_ask(policy, "solo", 4))
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert fake.calls == [([4], 0.7, 16)]
-        return await task
+    async def go() -> None:
+        # no count of requests in flight: the window runs
+        assert not await _opens_at_once(policy, fake, 1)
+        policy.in_flight = lambda: in_flight[0]
+        assert not await _opens_at_once(policy, fake, 2)  # another request is on its way
+        in_flight[0] = 1
+        assert await _opens_at_once(policy, fake, 3)  # its batch starts at once
+        in_flight[0] = 3
+        assert await _opens_at_once(policy, fake, 4, 5, 6)  # every request in flight waits
+        in_flight[0] = 1
+        # right after a batch of several, their clients come back
+        assert not await _opens_at_once(policy, fake, 7)
 
-    assert asyncio.run(lone()).text == "solo#4"
-
-
-def _Waiting_stub():  # noqa: N802, ANN202
-    from conductor_pipeline.generation.batching import _Waiting
-
-    loop = asyncio.new_event_loop()
-    try:
-        return _Waiting((0.7, 16), _msgs("x"), 0, loop.create_future(), 0.0)
-    finally:
-        loop.close()
+    asyncio.run(go())
+    assert fake.calls == [([3], 0.7, 16), ([4, 5, 6], 0.7, 16)]
 
 
 def test_the_server_tells_the_batcher_how_many_requests_are_in_flight():
@@ -562,7 +570,7 @@ def test_after_a_batch_of_several_the_window_waits_for_their_clients():
         await asyncio.gather(*(_ask(policy, f"a{i}", i) for i in range(3)))  # full
         # its rows are answered before its generation thread returns: a request queued in
         # between would join the batch still running (on a busy machine it did)
-        while policy._last_end == float("-inf"):
+        while fake.ended < 1:
             await asyncio.sleep(0.001)
         late = asyncio.create_task(_ask(policy, "b0", 10))
         await turns()
@@ -681,7 +689,7 @@ def test_real_policy_rows_that_join_a_running_batch_write_their_sequential_texts
         if kwargs["attention_mask"].dim() == 2:  # decoding passes bring a 4-d mask
             prompt_passes.append(kwargs["input_ids"].shape[0])
 
-    hook = smollm2._model.get_decoder().register_forward_pre_hook(counted, with_kwargs=True)
+    hook = smollm2.model.get_decoder().register_forward_pre_hook(counted, with_kwargs=True)
 
     def more(writing: int) -> list:
         asked.append(writing)
@@ -722,7 +730,8 @@ def test_a_cancelled_continuous_batch_cancels_its_requests_and_admits_no_one_mor
         joined = asyncio.create_task(_ask(policy, "long", 3))
         while policy.stats.joined < 1:
             await asyncio.sleep(0.01)
-        policy._drainer.cancel()
+        # the batcher's task, as the loop's shutdown cancels it (named by the batcher)
+        next(t for t in asyncio.all_tasks() if t.get_name() == "conductor-batcher").cancel()
         gathered = asyncio.gather(long, other, joined, return_exceptions=True)
         try:
             out = await asyncio.wait_for(gathered, timeout=30)  # not left waiting forever
@@ -749,7 +758,7 @@ def test_a_bfloat16_policy_runs_in_bfloat16_and_batches_requests():
     policy = LocalPolicy(torch_threads=1, dtype="bfloat16", lookup_tokens=0)
     policy.load()
     assert policy.loaded_dtype == "bfloat16"
-    assert {p.dtype for p in policy._model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
     questions = ["Compute the sum of 1234 and 4321.", "What is the capital of France?"]
     chats = [conductor_messages(q, ["a", "b", "c"], PromptConfig(few_shot=[])) for q in questions]
     alone = asyncio.run(policy.complete(chats[0], temperature=0.7, max_tokens=12, seed=3))

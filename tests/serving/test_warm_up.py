@@ -85,7 +85,7 @@ def test_single_requests_reuse_the_warm_prefix_and_write_the_same_text(smollm2):
     before = {
         # plain decoding (one token a pass), without the kept opening
         (q, seed): generate_chat(
-            smollm2._model, smollm2._tokenizer, _planning(q), 24, 0.7, seed, max_guess=0
+            smollm2.model, smollm2.tokenizer, _planning(q), 24, 0.7, seed, max_guess=0
         )
         for q, seed in zip(questions, (0, 1), strict=True)
     }
@@ -94,8 +94,8 @@ def test_single_requests_reuse_the_warm_prefix_and_write_the_same_text(smollm2):
     shared = smollm2.warm_up([_planning("What is 2 + 2?"), _planning("Is ice cold?")])
     assert (
         shared >= 32
-        and smollm2._engine.prefix is not None
-        and len(smollm2._engine.prefix[0]) == shared
+        and smollm2.engine.prefix is not None
+        and len(smollm2.engine.prefix[0]) == shared
     )
     assert smollm2.prefix_hits == 0  # the warm-up's own generation is not counted
     for (question, seed), (text, prompt_tokens, completion_tokens) in before.items():
@@ -110,6 +110,6 @@ def test_single_requests_reuse_the_warm_prefix_and_write_the_same_text(smollm2):
     assert smollm2.prefix_hits == len(before)
     # a prompt that does not start with the cached opening takes the full path
     other = [{"role": "user", "content": "Say hi."}]
-    reference = generate_chat(smollm2._model, smollm2._tokenizer, other, 8, seed=3, max_guess=0)
+    reference = generate_chat(smollm2.model, smollm2.tokenizer, other, 8, seed=3, max_guess=0)
     got = asyncio.run(smollm2.complete(other, temperature=0.0, max_tokens=8, seed=3))
     assert got.text == reference[0] and smollm2.prefix_hits == len(before)

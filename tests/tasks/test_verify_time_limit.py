@@ -107,7 +107,8 @@ async def test_evaluation_judges_it_wrong():
 def test_a_dead_child_is_a_wrong_answer_with_the_reason():
     pool = JudgePool(max_children=1)
     try:
-        child = pool._take()
+        assert pool.judge(MATH, r"\boxed{5}", LIMIT_S)[0] is True  # starts the one child
+        child = pool.idle.get_nowait()  # idle, waiting for the next judgement: kill it
         child.process.kill()
         child.process.wait()
         pool.idle.put(child)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from conductor_pipeline.workers.torch_thread import run_on_torch_thread
+from conductor_pipeline.workers.torch_thread import run_on_torch_thread, set_torch_threads
 from conductor_pipeline.workflow import LocalPolicy
 from tests.local_batches import complete_batch
 
@@ -36,7 +36,7 @@ def test_load_warm_up_and_every_generation_run_on_one_thread(tiny_model_dir):
     # generation path (single, batch, continuous batch) runs the decoder stack on its own
     with ThreadPoolExecutor(1) as loader:
         loader.submit(policy.load).result()
-    policy._model.get_decoder().register_forward_pre_hook(
+    policy.model.get_decoder().register_forward_pre_hook(
         lambda *_: ran_on.add(threading.get_ident())
     )
     with ThreadPoolExecutor(1) as warmer:
@@ -58,7 +58,7 @@ def test_load_warm_up_and_every_generation_run_on_one_thread(tiny_model_dir):
     # a second policy in the process, with its own thread count, uses the same thread
     other = LocalPolicy(model_dir=tiny_model_dir, torch_threads=3)
     other.load()
-    other._model.get_decoder().register_forward_pre_hook(
+    other.model.get_decoder().register_forward_pre_hook(
         lambda *_: ran_on.add(threading.get_ident())
     )
     threads_seen: list[int] = []
@@ -66,7 +66,7 @@ def test_load_warm_up_and_every_generation_run_on_one_thread(tiny_model_dir):
     async def other_generates() -> None:
         await other.complete(CONVERSATIONS[1], temperature=1.0, max_tokens=4, seed=6)
 
-    other._model.get_decoder().register_forward_pre_hook(
+    other.model.get_decoder().register_forward_pre_hook(
         lambda *_: threads_seen.append(torch.get_num_threads())
     )
     asyncio.run(other_generates())
@@ -102,7 +102,7 @@ def test_draw_threads_keep_one_torch_thread_when_the_torch_thread_sets_two(tiny_
 
     futures = [pool.submit(first_parallel_operation) for _ in range(2)]
     started.wait()
-    run_on_torch_thread(policy._set_threads)
+    run_on_torch_thread(set_torch_threads, 2)  # what the policy sets before each generation
     release.set()
     assert [f.result() for f in futures] == [1, 1]
 

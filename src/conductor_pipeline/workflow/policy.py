@@ -69,7 +69,9 @@ class LocalPolicy:
     ids and texts in the engine's chat layer (:mod:`~conductor_pipeline.generation.chat`,
     which the sandbox's real worker uses too), and generation itself is the engine's
     (:class:`~conductor_pipeline.generation.local.LocalEngine`), whose one decode loop serves
-    single requests, batches and continuous batches alike.
+    single requests, batches and continuous batches alike. Once loaded, ``model``,
+    ``tokenizer`` and ``engine`` are that model, its tokenizer and its engine (``None``
+    before :meth:`load`).
 
     Loading, warm-up and generation run on the process's torch thread, whichever thread asks
     (:mod:`~conductor_pipeline.workers.torch_thread` says why); on one CPU thread a policy
@@ -112,27 +114,28 @@ class LocalPolicy:
         self.name = name or (
             f"local:{self.adapter_dir.name}" if self.adapter_dir else "local:smollm2-135m-instruct"
         )
-        self._model: Any = None
-        self._tokenizer: Any = None
-        self._engine: Any = None  # a LocalEngine, once loaded
+        # set by load(): the transformers model, its tokenizer and the LocalEngine over them
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.engine: Any = None
         self._load_lock = threading.Lock()
 
     # observability: prompt passes that started from the kept prompt-opening cache, and
     # forward passes (prompts included)
     @property
     def prefix_hits(self) -> int:
-        return self._engine.prefix_hits if self._engine is not None else 0
+        return self.engine.prefix_hits if self.engine is not None else 0
 
     @property
     def forward_passes(self) -> int:
-        return self._engine.forward_passes if self._engine is not None else 0
+        return self.engine.forward_passes if self.engine is not None else 0
 
     def load(self) -> None:
         run_on_torch_thread(self._load)
 
     def _load(self) -> None:
         with self._load_lock:
-            if self._model is not None:
+            if self.model is not None:
                 return
             from conductor_pipeline.generation.attention import use_grouped_attention
             from conductor_pipeline.generation.local import LocalEngine
@@ -155,9 +158,9 @@ class LocalPolicy:
             model.to(model_dtype(self.dtype))  # after the merge: the adapter folds in at float32
             model.eval()
             use_grouped_attention(model)
-            self._engine = LocalEngine.for_tokenizer(model, tokenizer)
-            self.loaded_dtype = self._engine.dtype_name
-            self._model, self._tokenizer = model, tokenizer
+            self.engine = LocalEngine.for_tokenizer(model, tokenizer)
+            self.loaded_dtype = self.engine.dtype_name
+            self.model, self.tokenizer = model, tokenizer
 
     def _generate(
         self, messages: list[dict[str, str]], temperature: float, max_tokens: int, seed: int
@@ -168,8 +171,8 @@ class LocalPolicy:
         self.load()
         self._set_threads()
         reply = chat_reply(
-            self._engine,
-            self._tokenizer,
+            self.engine,
+            self.tokenizer,
             messages,
             temperature,
             max_tokens,
@@ -192,12 +195,12 @@ class LocalPolicy:
     def _warm_up(self, conversations: list[list[dict[str, str]]], max_tokens: int) -> int:
         self.load()
         self._set_threads()
-        hits = self._engine.prefix_hits
-        shared = self._engine.keep_opening(
-            [encode_chat(self._tokenizer, m)[0] for m in conversations]
+        hits = self.engine.prefix_hits
+        shared = self.engine.keep_opening(
+            [encode_chat(self.tokenizer, m)[0] for m in conversations]
         )
         self._generate(conversations[0], 0.0, max_tokens, 0)
-        self._engine.prefix_hits = hits  # the warm-up is not a served request
+        self.engine.prefix_hits = hits  # the warm-up is not a served request
         return shared
 
     async def complete(
@@ -241,8 +244,8 @@ class LocalPolicy:
         self.load()
         self._set_threads()
         chat_continuously(
-            self._engine,
-            self._tokenizer,
+            self.engine,
+            self.tokenizer,
             first,
             temperature,
             max_tokens,
@@ -260,7 +263,7 @@ class LocalPolicy:
         import torch
 
         threads = self.torch_threads or torch.get_num_threads()
-        return self._engine.draw_pool(threads, lambda: set_torch_threads(1))
+        return self.engine.draw_pool(threads, lambda: set_torch_threads(1))
 
     async def _in_thread(self, work: Callable[..., Any], *args: Any) -> Any:
         """``work(*args)`` off the event loop: on the torch thread, unless the policy runs on
