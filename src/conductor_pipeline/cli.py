@@ -168,6 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="sandbox profile file (default: conf/base/sandbox_workers.yml)",
     )
+    strategies.add_argument(
+        "--unsolved-share",
+        type=float,
+        default=None,
+        help="also each strategy's accuracy on the questions the reference worker gets wrong "
+        "and right, mixed at this share of wrong ones (training.curriculum.unsolved_share)",
+    )
+    strategies.add_argument(
+        "--reference-worker",
+        default=None,
+        help="with --unsolved-share: the worker asked alone (default: the checker, the "
+        "strongest worker; training.curriculum.reference_worker)",
+    )
     strategies.add_argument("--json", action="store_true", help="print the table as JSON")
     strategies.set_defaults(handler=cmd_strategies)
     return parser

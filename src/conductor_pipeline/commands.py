@@ -314,12 +314,21 @@ def _strategy_lines(report: Any, split: str, profiles: str) -> list[str]:
         + ", ".join(f"{domain} {worker}" for domain, worker in report.specialists.items())
         + f"; checker: {report.checker}",
     ]
+    if report.curriculum is not None:
+        reference, share = report.curriculum
+        lines.append(
+            f"{reference} wrong / right = accuracy where {reference} alone answers wrong / "
+            f"right; curriculum = the two mixed at {share:g} wrong (training.curriculum)"
+        )
 
     def acc(value: float) -> str:
         return "-" if value != value else f"{value:.3f}"  # NaN: not measured
 
     width = max(len("strategy"), *(len(name) for name in table["strategy"]))
     header = ["steps", "exact", "easy", "medium", "hard", "mc", "µ$/q", "calls/q"]
+    mix = ["reference_wrong", "reference_right", "curriculum"] if report.curriculum else []
+    if mix:
+        header += ["wrong", "right", "curriculum"]
     widths = [max(5, len(h)) for h in header]
 
     def line(name: str, cells: list[str]) -> str:
@@ -339,6 +348,7 @@ def _strategy_lines(report: Any, split: str, profiles: str) -> list[str]:
             acc(row["mc_accuracy"]),
             "-" if cost != cost else f"{cost * 1e6:.0f}",
             "-" if cost != cost else f"{row['calls_per_q']:.1f}",
+            *(acc(row[column]) for column in mix),
         ]
         lines.append(line(row["strategy"], cells))
     if report.seeds:
@@ -353,7 +363,7 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     """Print what the sandbox rewards: exact and Monte-Carlo accuracy of fixed strategies."""
     import math
 
-    from conductor_pipeline.evaluation.strategies import strategy_table
+    from conductor_pipeline.evaluation.strategy_table import strategy_table
     from conductor_pipeline.paths import find_project_root
     from conductor_pipeline.workers.sandbox import (
         ProfileError,
@@ -373,7 +383,13 @@ def cmd_strategies(args: argparse.Namespace) -> int:
             print(NO_SPLIT.format(split=args.split, path=path), file=sys.stderr)
             return 1
         profiles = load_profiles(profiles_path)
-        report = strategy_table(profiles, load_tasks([path]), seeds=args.seeds)
+        report = strategy_table(
+            profiles,
+            load_tasks([path]),
+            seeds=args.seeds,
+            unsolved_share=args.unsolved_share,
+            reference=args.reference_worker,
+        )
     except (ProfileError, ValueError, OSError, RuntimeError) as err:
         print(f"conductor strategies: {err}", file=sys.stderr)
         return 1
@@ -390,6 +406,14 @@ def cmd_strategies(args: argparse.Namespace) -> int:
             "specialists": report.specialists,
             "checker": report.checker,
             "left_out": report.left_out,
+            "curriculum": (
+                None
+                if report.curriculum is None
+                else {
+                    "reference_worker": report.curriculum[0],
+                    "unsolved_share": report.curriculum[1],
+                }
+            ),
             "strategies": rows,
         }
         print(json.dumps(record, indent=2))

@@ -16,12 +16,13 @@ from conductor_pipeline.evaluation.strategies import (
     SimulatedPool,
     Strategy,
     build_strategies,
+    curriculum_table,
     exact_accuracy,
     exact_table,
-    monte_carlo_table,
     specialists,
     strongest_worker,
 )
+from conductor_pipeline.evaluation.strategy_table import monte_carlo_table
 from conductor_pipeline.tasks import Task
 from conductor_pipeline.workers.sandbox import default_profiles_path, load_profiles
 from conductor_pipeline.workers.sandbox.profiles import (
@@ -116,6 +117,37 @@ def test_exact_accuracy_matches_the_hand_computation():
         0.2 + 0.8 * 0.3 * 0.9
     )
     assert table.loc["oracle", "accuracy"] == pytest.approx((1 - 0.2 * 0.5 + 1 - 0.7 * 0.8) / 2)
+
+
+def test_the_curriculum_split_by_hand_and_at_the_natural_share():
+    # the pool of the hand test: A solves easy 0.8 / hard 0.3, B 0.5 / 0.2; A is the reference
+    pool = SimulatedPool(
+        names=("sim-a", "sim-b"),
+        profiles=(_profile("sim-a", 0.8, 0.3, 0.6), _profile("sim-b", 0.5, 0.2, 0.9)),
+    )
+    easy, hard = HAND_TASKS
+    strategies = build_strategies(pool, HAND_TASKS)
+    table = curriculum_table(strategies, HAND_TASKS, pool, 0, 0.5).set_index("strategy")
+    # A alone is right exactly where it is; B alone does not depend on A's luck
+    assert table.loc["solo:sim-a", "reference_wrong"] == 0.0
+    assert table.loc["solo:sim-a", "reference_right"] == 1.0
+    assert table.loc["solo:sim-a", "curriculum"] == pytest.approx(0.5)
+    assert table.loc["solo:sim-b", "reference_right"] == pytest.approx(
+        (0.8 * 0.5 + 0.3 * 0.2) / (0.8 + 0.3)
+    )
+    # B checks A: where A is wrong only B's own solve counts, where A is right B also spots it
+    wrong = (0.2 * 0.5 + 0.7 * 0.2) / (0.2 + 0.7)
+    right = (0.8 * (0.5 + 0.5 * 0.9) + 0.3 * (0.2 + 0.8 * 0.9)) / (0.8 + 0.3)
+    assert table.loc["specialist -> sim-b", "reference_wrong"] == pytest.approx(wrong)
+    assert table.loc["specialist -> sim-b", "reference_right"] == pytest.approx(right)
+    assert table.loc["specialist -> sim-b", "curriculum"] == pytest.approx((wrong + right) / 2)
+    # at the share of questions A gets wrong by itself, the mix is the plain expectation
+    natural = ((1 - 0.8) + (1 - 0.3)) / 2
+    exact = exact_table(strategies, HAND_TASKS, pool).set_index("strategy")["accuracy"]
+    mixed = curriculum_table(strategies, HAND_TASKS, pool, 0, natural).set_index("strategy")
+    assert mixed["curriculum"].to_dict() == pytest.approx(exact.to_dict())
+    with pytest.raises(ValueError, match="unsolved_share"):
+        curriculum_table(strategies, HAND_TASKS, pool, 0, 1.5)
 
 
 def test_monte_carlo_of_certain_workers_is_certain_and_priced_from_the_profile():
@@ -272,6 +304,25 @@ def test_cli_json_without_monte_carlo(project, capsys):
     assert rows["router"]["accuracy_math"] == pytest.approx(abacus.skill_for("math", "easy"))
     assert rows["router"]["accuracy_medium"] is None  # no medium question
     assert rows["router"]["mc_accuracy"] is None and rows["router"]["cost_usd_per_q"] is None
+
+
+def test_cli_adds_the_curriculum_columns(project, capsys):
+    args = ["strategies", "--seeds", "0", "--profiles", str(PROFILES), "--unsolved-share", "0.3"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("sim-sage wrong / right = accuracy where sim-sage alone answers")
+    assert lines[3].split()[-3:] == ["wrong", "right", "curriculum"]
+    by_name = {line.split("  ")[0]: line.split()[-3:] for line in lines[4:]}
+    assert by_name["solo:sim-sage"] == ["0.000", "1.000", "0.700"]
+    # a workflow that lets sim-sage answer last is right wherever sim-sage alone is
+    assert by_name["specialist -> sim-sage"][1] == "1.000"
+    assert main([*args, "--reference-worker", "sim-coder", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["curriculum"] == {"reference_worker": "sim-coder", "unsolved_share": 0.3}
+    rows = {row["strategy"]: row for row in record["strategies"]}
+    assert rows["solo:sim-coder"]["reference_wrong"] == 0.0
+    assert main([*args, "--reference-worker", "sim-nobody"]) == 1
+    assert "reference worker 'sim-nobody' is not in the pool" in capsys.readouterr().err
 
 
 def test_cli_says_how_to_prepare_a_missing_split(project, capsys):

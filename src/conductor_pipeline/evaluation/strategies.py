@@ -1,4 +1,4 @@
-"""What the sandbox rewards, computed: the accuracy and cost of fixed strategies.
+"""What the sandbox rewards, computed: the expected accuracy of fixed strategies.
 
 The simulated workers of ``conf/base/sandbox_workers.yml`` declare how often they solve a
 task (``skill[domain][difficulty]``) and how often they spot a correct earlier attempt
@@ -11,23 +11,20 @@ best worker per domain, solve-then-check, parallel attempts then an aggregator. 
 what reward GRPO can find in this pool: a worker checking itself gains nothing, a different
 worker's check pays.
 
-Two numbers per strategy, which must agree:
+:func:`exact_table`: per task, enumerate the joint luck of the distinct workers of the
+workflow (each solves with p = skill, checks with p = verify_skill, independently; a worker
+that appears twice has the same luck both times), walk the steps in order with
+``visible_reply_mode`` and add up the probability that the last step is right. It assumes
+every worker sees the question, as it does in the sandbox profile
+(``conductor.prompt.question_to_workers: true``).
 
-* **exact** (:func:`exact_table`): per task, enumerate the joint luck of the distinct
-  workers of the workflow (each solves with p = skill, checks with p = verify_skill,
-  independently; a worker that appears twice has the same luck both times), walk the steps
-  in order with ``visible_reply_mode`` and add up the probability that the last step is
-  right. It assumes every worker sees the question, as it does in the sandbox profile
-  (``conductor.prompt.question_to_workers: true``).
-* **Monte-Carlo** (:func:`monte_carlo_table`): the same workflows run by the real executor
-  (``execute_workflow``, real worker prompts) against the real simulated workers
-  (``SimulatedWorker.respond``) at several server seeds, in-process instead of over HTTP,
-  each answer judged by ``tasks.verify`` as evaluation judges it. Cost and calls per
-  question are the means of these runs, priced with the profiles' per-token prices: they
-  are measured, not estimated; without a Monte-Carlo run (``seeds=0``) they are left empty.
-  Each run is also predicted from the luck its workers drew; a run judged otherwise counts in
-  ``mc_mismatches`` (on the sandbox's splits: propositional-logic questions whose
-  reasoning-gym scorer accepts an answer the sandbox made up to be wrong).
+:func:`curriculum_table`: the same expectation split by whether a reference worker, asked
+alone, gets the question right, and mixed as GRPO's curriculum draws its questions
+(``training.curriculum``): what each strategy's training reward is at a given share of
+questions the reference gets wrong.
+
+:mod:`~conductor_pipeline.evaluation.strategy_table` checks these against the real workers
+(a Monte-Carlo run) and joins them into the table ``conductor strategies`` prints.
 
 Only simulated workers enter: the sandbox's real model (``smollm2-135m``) has no declared
 profile, so no strategy here calls it. This module imports core packages only: no Kedro,
@@ -36,44 +33,31 @@ no MLflow.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
-from conductor_pipeline.tasks import Task, verify
+from conductor_pipeline.tasks import Task
 from conductor_pipeline.workers.sandbox.profiles import SandboxProfiles, SimulatedProfile
-from conductor_pipeline.workers.sandbox.simulated import (
-    RIGHT_MODES,
-    SimulatedWorker,
-    TaskIndex,
-    visible_reply_mode,
-)
-from conductor_pipeline.workers.types import Usage, WorkerReply
-from conductor_pipeline.workflow import (
-    ExecutionResult,
-    PromptConfig,
-    Step,
-    Workflow,
-    execute_workflow,
-)
+from conductor_pipeline.workers.sandbox.simulated import RIGHT_MODES, visible_reply_mode
+from conductor_pipeline.workflow import PromptConfig, Step, Workflow
 
 __all__ = [
     "DIFFICULTIES",
-    "SimulatedCaller",
+    "PROMPT",
     "SimulatedPool",
     "Strategy",
-    "StrategyReport",
     "build_strategies",
+    "curriculum_table",
     "exact_accuracy",
+    "exact_given_reference",
     "exact_table",
-    "monte_carlo_table",
+    "group_means",
     "specialists",
     "step_outcomes",
-    "strategy_table",
     "strongest_worker",
 ]
 
@@ -252,31 +236,63 @@ def step_outcomes(workflow: Workflow, luck: Mapping[int, tuple[bool, bool]]) -> 
     return right
 
 
+def _joint_luck(
+    workers: Sequence[int], task: Task, pool: SimulatedPool
+) -> Iterator[tuple[float, dict[int, tuple[bool, bool]]]]:
+    """Every joint (solved, checked) luck of ``workers`` on ``task`` with its probability
+    (each solves with p = skill, checks with p = verify_skill, independently)."""
+    odds = [
+        (pool.profile(w).skill_for(task.domain, task.difficulty), pool.profile(w).verify_skill)
+        for w in workers
+    ]
+    for draws in itertools.product(_LUCK, repeat=len(workers)):
+        p = math.prod(
+            (s if solved else 1 - s) * (v if checked else 1 - v)
+            for (solved, checked), (s, v) in zip(draws, odds, strict=True)
+        )
+        if p > 0.0:
+            yield p, dict(zip(workers, draws, strict=True))
+
+
+def _answers_right(
+    workflow: Workflow, luck: Mapping[int, tuple[bool, bool]], any_step: bool
+) -> bool:
+    right = step_outcomes(workflow, luck)
+    return any(right) if any_step else right[-1]
+
+
 def exact_accuracy(
     workflow: Workflow, task: Task, pool: SimulatedPool, *, any_step: bool = False
 ) -> float:
     """The probability that ``workflow`` answers ``task`` right (``any_step``: that any of
     its steps does), summed over the joint luck of its distinct workers."""
     workers = sorted({step.worker for step in workflow.steps})
-    odds = [
-        (pool.profile(w).skill_for(task.domain, task.difficulty), pool.profile(w).verify_skill)
-        for w in workers
-    ]
-    total = 0.0
-    for draws in itertools.product(_LUCK, repeat=len(workers)):
-        p = math.prod(
-            (s if solved else 1 - s) * (v if checked else 1 - v)
-            for (solved, checked), (s, v) in zip(draws, odds, strict=True)
-        )
-        if p == 0.0:
-            continue
-        right = step_outcomes(workflow, dict(zip(workers, draws, strict=True)))
-        if any(right) if any_step else right[-1]:
-            total += p
-    return total
+    return sum(
+        p
+        for p, luck in _joint_luck(workers, task, pool)
+        if _answers_right(workflow, luck, any_step)
+    )
 
 
-def _means(values: Sequence[float], tasks: Sequence[Task], column: str) -> dict[str, float]:
+def exact_given_reference(
+    workflow: Workflow, task: Task, pool: SimulatedPool, reference: int, *, any_step: bool = False
+) -> tuple[float, float]:
+    """The probabilities that ``workflow`` answers ``task`` right and ``reference``, asked
+    alone, answers it right; and right while ``reference`` alone answers wrong (a worker
+    alone is right when it solves). What a curriculum that draws questions by the reference
+    worker's verdict (``training.curriculum``) weighs."""
+    workers = sorted({step.worker for step in workflow.steps} | {reference})
+    with_right = with_wrong = 0.0
+    for p, luck in _joint_luck(workers, task, pool):
+        if _answers_right(workflow, luck, any_step):
+            if luck[reference][0]:
+                with_right += p
+            else:
+                with_wrong += p
+    return with_right, with_wrong
+
+
+def group_means(values: Sequence[float], tasks: Sequence[Task], column: str) -> dict[str, float]:
     """Overall, per difficulty and per domain means of per-task ``values``."""
     frame = pd.DataFrame(
         {
@@ -311,186 +327,45 @@ def exact_table(
             {
                 "strategy": strategy.name,
                 "steps": steps.pop() if len(steps) == 1 else math.nan,
-                **_means(values, tasks, "accuracy"),
+                **group_means(values, tasks, "accuracy"),
             }
         )
     return pd.DataFrame(rows)
 
 
-# --- the Monte-Carlo check with the real workers ------------------------------------------
-
-
-class SimulatedCaller:
-    """A :class:`~conductor_pipeline.workers.types.WorkerCaller` that answers in-process
-    with the sandbox's simulated workers at one server seed, as the sandbox server answers
-    a pool's request (seed = sample index, temperature 1.0: what the server takes when the
-    pool sends none), priced with the profiles' per-token prices."""
-
-    def __init__(self, pool: SimulatedPool, index: TaskIndex, seed: int) -> None:
-        self.workers = {
-            w: SimulatedWorker(pool.profile(w), index, base_seed=seed) for w in pool.simulated
-        }
-
-    async def __call__(
-        self,
-        worker: int,
-        messages: list[dict[str, str]],
-        sample_index: int = 0,
-        *,
-        max_tokens: int | None = None,
-    ) -> WorkerReply:
-        sim = self.workers[worker]
-        # a budget's cap, as the server honours a request's max_tokens
-        reply = sim.respond(messages, seed=sample_index, temperature=1.0, max_tokens=max_tokens)
-        profile = sim.profile
-        cost = (
-            reply.prompt_tokens * profile.input_cost_per_token
-            + reply.completion_tokens * profile.output_cost_per_token
-        )
-        usage = Usage(reply.prompt_tokens, reply.completion_tokens, cost, reply.latency_s)
-        return WorkerReply(worker=profile.name, text=reply.text, usage=usage)
-
-
-def _correct(task: Task, answer: str | None) -> bool:
-    """``tasks.verify``, as evaluation judges an answer (it tests a piece of code once per
-    task, so repeated runs of a strategy cost no more sandbox runs)."""
-    return verify(task, answer or "").correct
-
-
-def _luck(caller: SimulatedCaller, task: Task) -> dict[int, tuple[bool, bool]]:
-    """Each worker's fixed luck on ``task`` at the caller's server seed, as (solved, checked)."""
-    luck = {}
-    for w, sim in caller.workers.items():
-        draw = sim.luck(task)
-        skill = sim.profile.skill_for(task.domain, task.difficulty)
-        luck[w] = (draw.solve < skill, draw.check < sim.profile.verify_skill)
-    return luck
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    right: bool  # the verdict of tasks.verify on the executed workflow's answer
-    predicted: bool  # what step_outcomes says, from the luck the workers drew
-    cost_usd: float
-    calls: int
-
-
-def _outcome(
-    strategy: Strategy,
-    plan: Workflow,
-    task: Task,
-    run: ExecutionResult,
-    luck: Mapping[int, tuple[bool, bool]],
-) -> _Outcome:
-    steps = step_outcomes(plan, luck)
-    if not strategy.any_step:
-        return _Outcome(_correct(task, run.answer), steps[-1], run.cost_usd, run.calls)
-    attempts = [(_correct(task, s.response), s.cost_usd) for s in run.steps]
-    right = [cost for ok, cost in attempts if ok]
-    cost = min(right or [cost for _, cost in attempts])
-    return _Outcome(bool(right), any(steps), cost, 1)
-
-
-async def _one_seed(
+def curriculum_table(
     strategies: Sequence[Strategy],
     tasks: Sequence[Task],
     pool: SimulatedPool,
-    index: TaskIndex,
-    seed: int,
-) -> list[list[_Outcome]]:
-    """Every strategy on every task at one server seed: ``[strategy][task]``."""
-    caller = SimulatedCaller(pool, index, seed)
-    luck = [_luck(caller, task) for task in tasks]
-    out = []
-    for strategy in strategies:
-        plans = [strategy.plan(task) for task in tasks]
-        runs = await asyncio.gather(
-            *(
-                execute_workflow(
-                    plan, task.question, caller, config=PROMPT, worker_names=pool.names
-                )
-                for plan, task in zip(plans, tasks, strict=True)
-            )
-        )
-        out.append(
-            [
-                _outcome(strategy, plan, task, run, drawn)
-                for plan, task, run, drawn in zip(plans, tasks, runs, luck, strict=True)
-            ]
-        )
-    return out
-
-
-def monte_carlo_table(
-    strategies: Sequence[Strategy],
-    tasks: Sequence[Task],
-    pool: SimulatedPool,
-    seeds: Sequence[int],
+    reference: int,
+    unsolved_share: float,
 ) -> pd.DataFrame:
-    """One row per strategy from real runs at each server seed of ``seeds``:
-
-    * ``mc_accuracy``: the share of right answers over every (seed, task) pair, also per
-      difficulty and domain;
-    * ``mc_mismatches``: pairs whose verdict differs from what :func:`step_outcomes`
-      predicts from the luck the workers drew there. Zero means the calculator states the
-      real code's rule, so any gap between ``mc_accuracy`` and the exact ``accuracy`` is
-      sampling noise;
-    * ``cost_usd_per_q`` and ``calls_per_q``: means over the same runs; ``mc_pairs``.
-    """
-    seeds = list(seeds)
-    index = TaskIndex(tasks)
-    per_seed = [asyncio.run(_one_seed(strategies, tasks, pool, index, seed)) for seed in seeds]
+    """One row per strategy: its expected accuracy on the questions ``reference`` alone gets
+    wrong (``reference_wrong``) and right (``reference_right``), and ``curriculum``, the two
+    mixed as a step draws them when ``unsolved_share`` of its questions are ones the
+    reference got wrong (``training.curriculum``). At the share the tasks have by
+    themselves, ``curriculum`` is the exact ``accuracy``."""
+    if not 0 <= unsolved_share <= 1:
+        raise ValueError(f"unsolved_share must be in [0, 1], not {unsolved_share}")
+    wrong = sum(1 - pool.profile(reference).skill_for(t.domain, t.difficulty) for t in tasks)
+    right = len(tasks) - wrong
     rows = []
-    for k, strategy in enumerate(strategies):
-        runs = [run[k] for run in per_seed]  # [seed][task]
-        right = [sum(r[i].right for r in runs) / len(seeds) for i in range(len(tasks))]
-        pairs = [o for r in runs for o in r]
+    for strategy in strategies:
+        split = [
+            exact_given_reference(
+                strategy.plan(task), task, pool, reference, any_step=strategy.any_step
+            )
+            for task in tasks
+        ]
+        given_right = sum(r for r, _ in split) / right if right else math.nan
+        given_wrong = sum(w for _, w in split) / wrong if wrong else math.nan
+        mixed = unsolved_share * given_wrong + (1 - unsolved_share) * given_right
         rows.append(
             {
                 "strategy": strategy.name,
-                **_means(right, tasks, "mc_accuracy"),
-                "mc_mismatches": sum(o.right != o.predicted for o in pairs),
-                "cost_usd_per_q": sum(o.cost_usd for o in pairs) / len(pairs),
-                "calls_per_q": sum(o.calls for o in pairs) / len(pairs),
-                "mc_pairs": len(pairs),
+                "reference_wrong": given_wrong,
+                "reference_right": given_right,
+                "curriculum": mixed,
             }
         )
     return pd.DataFrame(rows)
-
-
-@dataclass(frozen=True)
-class StrategyReport:
-    """:func:`strategy_table`'s answer: the table, and what it was computed with."""
-
-    table: pd.DataFrame
-    specialists: dict[str, str]  # domain -> worker name
-    checker: str
-    left_out: list[str]  # real workers, not computed
-    tasks: int
-    seeds: int
-
-
-def strategy_table(
-    profiles: SandboxProfiles, tasks: Sequence[Task], *, seeds: int = 20
-) -> StrategyReport:
-    """The exact table joined with a Monte-Carlo run over server seeds ``0 .. seeds-1``
-    (none when ``seeds`` is 0: the Monte-Carlo and cost columns are then NaN)."""
-    if not tasks:
-        raise ValueError("no tasks to compute strategies on")
-    pool = SimulatedPool.from_profiles(profiles)
-    strategies = build_strategies(pool, tasks)
-    table = exact_table(strategies, tasks, pool)
-    if seeds > 0:
-        mc = monte_carlo_table(strategies, tasks, pool, range(seeds))
-        table = table.merge(mc, on="strategy", how="left", validate="one_to_one")
-    else:
-        for column in ("mc_accuracy", "mc_mismatches", "cost_usd_per_q", "calls_per_q"):
-            table[column] = math.nan
-    return StrategyReport(
-        table=table,
-        specialists={d: pool.names[w] for d, w in specialists(pool, tasks).items()},
-        checker=pool.names[strongest_worker(pool, tasks)],
-        left_out=pool.left_out,
-        tasks=len(tasks),
-        seeds=max(0, seeds),
-    )
