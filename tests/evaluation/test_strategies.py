@@ -323,6 +323,9 @@ def test_cli_adds_the_curriculum_columns(project, capsys):
     assert rows["solo:sim-coder"]["reference_wrong"] == 0.0
     assert main([*args, "--reference-worker", "sim-nobody"]) == 1
     assert "reference worker 'sim-nobody' is not in the pool" in capsys.readouterr().err
+    # a reference alone would print the table without the columns it asks for
+    assert main(["strategies", "--profiles", str(PROFILES), "--reference-worker", "sim-coder"]) == 1
+    assert "given without unsolved_share" in capsys.readouterr().err
 
 
 def test_cli_says_how_to_prepare_a_missing_split(project, capsys):

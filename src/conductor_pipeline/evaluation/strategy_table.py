@@ -212,13 +212,19 @@ def strategy_table(
     checker, the strongest worker)."""
     if not tasks:
         raise ValueError("no tasks to compute strategies on")
+    if reference is not None and unsolved_share is None:
+        raise ValueError(
+            f"reference worker {reference!r} given without unsolved_share: the curriculum "
+            "columns need both (--unsolved-share)"
+        )
     pool = SimulatedPool.from_profiles(profiles)
     strategies = build_strategies(pool, tasks)
+    checker = strongest_worker(pool, tasks)
     table = exact_table(strategies, tasks, pool)
     curriculum = None
     if unsolved_share is not None:
         if reference is None:
-            index = strongest_worker(pool, tasks)
+            index = checker
         elif reference in pool.names:
             index = pool.names.index(reference)
         else:
@@ -237,7 +243,7 @@ def strategy_table(
     return StrategyReport(
         table=table,
         specialists={d: pool.names[w] for d, w in specialists(pool, tasks).items()},
-        checker=pool.names[strongest_worker(pool, tasks)],
+        checker=pool.names[checker],
         left_out=pool.left_out,
         tasks=len(tasks),
         seeds=max(0, seeds),
