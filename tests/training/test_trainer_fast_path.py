@@ -16,6 +16,7 @@ import functools
 import pytest
 import torch
 
+from conductor_pipeline.generation.local import MIN_SHARED_PREFIX
 from conductor_pipeline.training.models import conductor_trainer_class
 from conductor_pipeline.training.rollouts import engine_rollouts, engine_rollouts_blocker
 
@@ -141,7 +142,8 @@ def _shuffled_batch(trainer, prompts):
 
 @pytest.mark.parametrize(
     ("shared", "recorded"),
-    [(24, False), (0, False), (24, True)],
+    # an opening long enough to run once for all prompts
+    [(MIN_SHARED_PREFIX + 8, False), (0, False), (MIN_SHARED_PREFIX + 8, True)],
     ids=["shared-opening", "no-shared-opening", "states-from-an-earlier-pass"],
 )
 def test_log_probs_and_entropies_equal_stock_trl(trainer, shared, recorded):
@@ -222,7 +224,7 @@ def test_a_bfloat16_base_writes_rollouts_and_scores_them_from_the_recorded_state
 
 @pytest.mark.parametrize("recorded", [False, True], ids=["one-pass", "states-from-an-earlier-pass"])
 def test_lora_gradients_of_the_loss_equal_stock_trl(trainer, monkeypatch, recorded):
-    rows = _shuffled_batch(trainer, _prompts(24))
+    rows = _shuffled_batch(trainer, _prompts(MIN_SHARED_PREFIX + 8))
     advantages = torch.randn(rows["prompt_ids"].size(0), generator=torch.Generator().manual_seed(3))
     inputs = {
         **rows,

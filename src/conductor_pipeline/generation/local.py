@@ -39,7 +39,9 @@ __all__ = [
     "length_groups",
 ]
 
-# a shared opening shorter than this is not worth a separate cache
+# a shared opening shorter than this is not worth a pass of its own (generation's kept
+# opening and training's prompt caches alike): a pass costs about as much as a few dozen
+# tokens (see length_groups)
 MIN_SHARED_PREFIX = 32
 
 # recent replies an engine keeps for lookup guesses (see LocalEngine.__init__)

@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from conductor_pipeline.generation.kv_cache import KV, cache_from
-from conductor_pipeline.generation.local import common_prefix, layer_inputs
+from conductor_pipeline.generation.local import MIN_SHARED_PREFIX, common_prefix, layer_inputs
 from conductor_pipeline.training.fast_paths.layers import (
     FastPathUnsupported,
     FrozenStates,
@@ -19,11 +19,7 @@ from conductor_pipeline.training.fast_paths.layers import (
     run_layers,
 )
 
-__all__ = ["MIN_SHARED_PREFIX", "group_rows", "prompt_caches"]
-
-# Prompts sharing fewer leading tokens are prefilled separately: one more forward call
-# costs about as much as that many tokens.
-MIN_SHARED_PREFIX = 16
+__all__ = ["group_rows", "prompt_caches"]
 
 
 # -- prompts and their caches -------------------------------------------------------------------
