@@ -60,6 +60,23 @@ def test_the_share_sets_how_many_slots_of_a_step_draw_unsolved_questions(share, 
     ] * 4
 
 
+def test_a_final_share_moves_each_steps_share_in_a_straight_line_from_the_first():
+    rows = _rows(20)
+    unsolved = {r["id"] for r in rows[::2]}  # half of every domain
+    settings = CurriculumSettings(
+        reference_worker="sim-good", unsolved_share=0.0, final_unsolved_share=1.0
+    )
+    assert [settings.share_at(step, 5) for step in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    ordered = curriculum_order(
+        rows, unsolved, settings, prompts_per_step=4, balanced_domains=False, seed=0, steps=5
+    )
+    counts = [sum(r["id"] in unsolved for r in ordered[i : i + 4]) for i in range(0, 24, 4)]
+    assert counts == [0, 1, 2, 3, 4, 4]  # and the last step's share after it
+    assert sorted(r["id"] for r in ordered) == sorted(r["id"] for r in rows)
+    constant = replace(settings, final_unsolved_share=None)
+    assert {constant.share_at(step, 5) for step in range(6)} == {0.0}
+
+
 def test_a_domain_without_unsolved_questions_gives_solved_ones():
     rows = _rows(4)
     unsolved = {"math-0", "math-1", "math-2", "math-3"}
@@ -141,5 +158,7 @@ def test_the_settings_are_checked_and_turn_off_the_trainers_shuffle():
 
     with pytest.raises(ValueError, match=r"training.curriculum.unsolved_share"):
         TrainingConfig.from_params({"curriculum": {"unsolved_share": 1.5}})
+    with pytest.raises(ValueError, match=r"training.curriculum.final_unsolved_share"):
+        TrainingConfig.from_params({"curriculum": {"final_unsolved_share": -0.1}})
     config = TrainingConfig.from_params({"curriculum": {"reference_worker": "sim-sage"}})
     assert grpo_args(config, "/tmp/unused", use_cpu=True).shuffle_dataset is False

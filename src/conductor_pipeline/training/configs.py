@@ -319,13 +319,25 @@ class CurriculumSettings:
     a worker of the pool asked every training question once, alone, before GRPO (null: no
     pre-pass, the steps take the questions as ``grpo.balanced_domains`` orders them);
     ``unsolved_share``: the share of each step's questions drawn from those it got wrong
-    (:mod:`~conductor_pipeline.training.curriculum`)."""
+    (:mod:`~conductor_pipeline.training.curriculum`); ``final_unsolved_share``: the share
+    at the last step (``grpo.max_steps``), reached in a straight line from
+    ``unsolved_share`` at the first (null: the same share at every step)."""
 
     reference_worker: str | None = None
     unsolved_share: float = 0.5
+    final_unsolved_share: float | None = None
 
     def __post_init__(self) -> None:
         _check(0 <= self.unsolved_share <= 1, "unsolved_share must be in [0, 1]")
+        final = self.final_unsolved_share
+        _check(final is None or 0 <= final <= 1, "final_unsolved_share must be in [0, 1]")
+
+    def share_at(self, step: int, steps: int) -> float:
+        """The unsolved share of step ``step`` (0-based) of ``steps``."""
+        if self.final_unsolved_share is None or steps < 2:
+            return self.unsolved_share
+        progress = min(step, steps - 1) / (steps - 1)
+        return self.unsolved_share + (self.final_unsolved_share - self.unsolved_share) * progress
 
 
 @dataclass(frozen=True)

@@ -126,10 +126,12 @@ def curriculum_order(
     prompts_per_step: int,
     balanced_domains: bool,
     seed: int,
+    steps: int = 0,
 ) -> list[dict[str, Any]]:
     """``rows`` (prompt rows with an ``id`` and a ``domain`` column) in the order the steps
-    take them: in each step of ``prompts_per_step`` rows, ``unsolved_share`` of the slots
-    (rounded) hold a question in ``unsolved``, the rest one outside it, while both last.
+    take them: in each step of ``prompts_per_step`` rows, the step's unsolved share
+    (:meth:`CurriculumSettings.share_at` over ``steps`` steps, rounded) of the slots hold a
+    question in ``unsolved``, the rest one outside it, while both last.
 
     The slots that get an unsolved question move on by one each step, so with balanced
     domains every domain gets its share of them; a domain (or the whole split, unbalanced)
@@ -147,11 +149,11 @@ def curriculum_order(
     for hard, easy in queues.values():
         rng.shuffle(hard)
         rng.shuffle(easy)
-    n_unsolved = round(settings.unsolved_share * prompts_per_step)
     ordered: list[dict[str, Any]] = []
     slot = 0
     while len(ordered) < len(rows):
         step, j = divmod(slot, prompts_per_step)
+        n_unsolved = round(settings.share_at(step, steps) * prompts_per_step)
         wants_unsolved = (j - step) % prompts_per_step < n_unsolved
         live = [k for k in keys if any(queues[k])]
         hard, easy = queues[live[slot % len(live)]]

@@ -269,6 +269,7 @@ def _curriculum_rows(run: _Run) -> list[dict[str, Any]]:
         prompts_per_step=run.config.grpo.prompts_per_step,
         balanced_domains=run.config.grpo.balanced_domains,
         seed=run.config.seed,
+        steps=run.config.grpo.max_steps,
     )
 
 
