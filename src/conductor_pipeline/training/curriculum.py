@@ -12,7 +12,10 @@ training question once, alone, and scores its answer with the question's verifie
 the same reward code as the rollouts. The steps then draw ``unsolved_share`` of their
 questions from those it got wrong, the rest from the others (right, or unscored when its
 call failed; one domain after the other, as before, with ``grpo.balanced_domains``). It is the pass-rate filtering of RL
-data preparation, with one worker's pass as the rate. On real workers it costs one call per
+data preparation, with one worker's pass as the rate. With ``final_unsolved_share`` the share
+moves in a straight line over the steps: a low share first favours workflows that let the
+reference answer last (right wherever it is), a higher one later tells apart the workers
+that go before it (they matter only where it fails). On real workers it costs one call per
 training question, once per run: the verdicts are kept in the run folder, so a resumed run
 draws the same questions in the same order.
 """
