@@ -30,6 +30,7 @@ def _order(rows, unsolved, share=0.5, balanced=True, seed=0):
         prompts_per_step=4,
         balanced_domains=balanced,
         seed=seed,
+        steps=10,
     )
 
 

@@ -129,12 +129,12 @@ def curriculum_order(
     prompts_per_step: int,
     balanced_domains: bool,
     seed: int,
-    steps: int = 0,
+    steps: int,
 ) -> list[dict[str, Any]]:
     """``rows`` (prompt rows with an ``id`` and a ``domain`` column) in the order the steps
     take them: in each step of ``prompts_per_step`` rows, the step's unsolved share
-    (:meth:`CurriculumSettings.share_at` over ``steps`` steps, rounded) of the slots hold a
-    question in ``unsolved``, the rest one outside it, while both last.
+    (:meth:`CurriculumSettings.share_at` over ``steps``, the run's GRPO steps; rounded) of
+    the slots hold a question in ``unsolved``, the rest one outside it, while both last.
 
     The slots that get an unsolved question move on by one each step, so with balanced
     domains every domain gets its share of them; a domain (or the whole split, unbalanced)
