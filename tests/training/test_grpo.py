@@ -219,6 +219,8 @@ def test_two_grpo_steps_through_the_real_reward_path(tiny_model_dir, tmp_path):
     # the forced completions really ran through parse → execute → verify
     assert sum(pool.calls.values()) > 0
     assert saved["dataset"]["curriculum_wrong"] == N_TASKS
+    # every question is one sim-bad got wrong, so every step drew only such questions
+    assert [m["grpo/curriculum/unsolved_share"] for m, _ in logged] == [1.0, 1.0]
     verdicts = json.loads((result.run_dir / "curriculum.json").read_text())["verdicts"]
     assert verdicts == dict.fromkeys((t.id for t in tasks), False)
     assert any(k.startswith("grpo/workers/share/") for k in metrics)

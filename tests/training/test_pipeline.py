@@ -90,6 +90,7 @@ def test_train_and_register_a_conductor_version(tiny_model_dir, tmp_path, monkey
     # the curriculum's pre-pass, counted
     assert metrics["training/curriculum_wrong"] == 4.0
     assert metrics["training/curriculum_right"] == metrics["training/curriculum_unscored"] == 0.0
+    assert metrics["grpo/curriculum/unsolved_share"] == 1.0
     assert version["version"] == "1" and version["name"] == "conductor"
     tags = client.get_model_version("conductor", "1").tags
     for key in ("base_model", "pool_fingerprint", "data_version", "config_fingerprint"):

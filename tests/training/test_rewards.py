@@ -461,3 +461,18 @@ def test_multi_step_attempts_and_their_reward_gap_per_group():
     # a batch that is not whole groups adds rollouts but no group
     stats.add(group_1[:3])
     assert "reward/multi_minus_single" not in stats.drain()
+
+
+async def test_scores_name_their_task_and_stats_count_the_curriculum_draw():
+    parsed = await score(workflow_text([0], [Q], [[]]), FakePool([TASK]))
+    unparsed = await score("no workflow", FakePool([TASK]))
+    assert parsed.task_id == unparsed.task_id == TASK.id
+    drawn = [RolloutScore(reward=1.0, correctness=1.0, task_id=t) for t in "aabbccdd"]
+    stats = RolloutStats(["w"], group_size=2, unsolved={"b", "z"})
+    stats.add(drawn)
+    assert stats.drain()["curriculum/unsolved_share"] == pytest.approx(2 / 8)
+    stats.add(drawn[2:4])  # a step of such questions only
+    assert stats.drain()["curriculum/unsolved_share"] == 1.0
+    without = RolloutStats(["w"], group_size=2)  # no curriculum: no such metric
+    without.add(drawn)
+    assert "curriculum/unsolved_share" not in without.drain()

@@ -103,6 +103,8 @@ class _Run:
     start_adapter: Path | None = None
     caps: RunCaps | None = None  # training.caps, over every GRPO stage of the run
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # the curriculum's questions its reference worker got wrong (None: no curriculum)
+    unsolved: set[str] | None = None
     # what build_prompt_dataset kept, and the curriculum's pre-pass
     report: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
@@ -262,6 +264,7 @@ def _curriculum_rows(run: _Run) -> list[dict[str, Any]]:
         if not main:  # reads the verdicts the main process wrote
             passed = reference_pass(tasks, reward, settings.reference_worker, saved=saved)
     run.report.update(passed.report())
+    run.unsolved = passed.unsolved
     return curriculum_order(
         run.rows,
         passed.unsolved,
@@ -306,7 +309,9 @@ def _build_trainer(run: _Run, stage: _Stage) -> tuple[Any, RolloutSampleLog | No
     model = with_adapter(model, stage.init_adapter)
     peft_config = lora_config(config, num_layers(model)) if stage.init_adapter is None else None
     args = grpo_args(config, stage_dir, max_steps=stage.max_steps, overrides=run.grpo_overrides)
-    stats = RolloutStats(run.pool.names, group_size=config.grpo.num_generations)
+    stats = RolloutStats(
+        run.pool.names, group_size=config.grpo.num_generations, unsolved=run.unsolved
+    )
     # several processes: the main one keeps the samples file (of its share of the rollouts)
     samples = (
         RolloutSampleLog(

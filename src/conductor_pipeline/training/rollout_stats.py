@@ -8,7 +8,7 @@ import math
 import re
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from conductor_pipeline.training.scoring import RolloutScore
 from conductor_pipeline.workflow import SHAPES
@@ -55,15 +55,24 @@ class RolloutStats:
     rollout, parsed or not: ``rollouts/multi_step_attempt_share`` and
     ``rollouts/unequal_lists_rate``; and what trying pays: ``reward/multi_minus_single``
     (:func:`multi_step_gap`, over the groups of ``group_size`` consecutive rollouts).
+    With ``unsolved`` (the ids of the questions the curriculum's reference worker got wrong),
+    ``curriculum/unsolved_share``: the share of the rollouts that were of such a question,
+    so a run shows the share each step drew, not only the one it asked for.
 
     Several processes (``torch.distributed`` initialised): each process scores its share of
     a step's rollouts, and ``drain()``, which every process calls, gathers all the shares
     first, so every process returns the metrics of the whole step.
     """
 
-    def __init__(self, worker_names: Sequence[str] | None = None, group_size: int = 1) -> None:
+    def __init__(
+        self,
+        worker_names: Sequence[str] | None = None,
+        group_size: int = 1,
+        unsolved: Collection[str] | None = None,
+    ) -> None:
         self.worker_names = list(worker_names or [])
         self.group_size = max(int(group_size), 1)
+        self.unsolved = frozenset(unsolved) if unsolved is not None else None
         self._scores: list[RolloutScore] = []
         self._groups: list[list[RolloutScore]] = []
         self.completion_tokens = 0
@@ -103,6 +112,9 @@ class RolloutStats:
             gap = multi_step_gap(groups)
             if gap is not None:
                 metrics["reward/multi_minus_single"] = gap
+            if self.unsolved is not None:
+                drawn = sum(1 for s in scores if s.task_id in self.unsolved)
+                metrics["curriculum/unsolved_share"] = drawn / len(scores)
         return metrics
 
 

@@ -54,7 +54,7 @@ class RolloutScore:
     ``unequal_lists``: it failed only because its lists differ in length. ``domain``
     (the task's) and ``shape`` (:func:`~conductor_pipeline.workflow.workflow_shape` of the
     parsed round-0 workflow) let the training metrics show what the Conductor learns to do
-    per domain.
+    per domain; ``task_id`` (the task's) which questions a step drew.
     """
 
     reward: float | None
@@ -79,6 +79,7 @@ class RolloutScore:
     execution: ExecutionResult | None = None
     domain: str | None = None
     shape: str | None = None
+    task_id: str | None = None
     # how many steps the completion tried to write, parsed or not (0: no model_id list), and
     # whether it failed only because its three lists differ in length
     attempted_steps: int = 0
@@ -231,6 +232,7 @@ async def score_rollout(
             correctness=config.unparseable,
             parse_error=str(err),
             domain=task.domain,
+            task_id=task.id,
             attempted_steps=attempted_steps(completion_text),
             unequal_lists=isinstance(err, UnequalListsError),
         )
@@ -262,6 +264,7 @@ async def score_rollout(
         answer=result.answer,
         execution=result,
         domain=task.domain,
+        task_id=task.id,
         shape=workflow_shape(workflow),
         attempted_steps=len(workflow),
     )
