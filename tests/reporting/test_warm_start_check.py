@@ -1,6 +1,6 @@
-"""The training report's warm start check (GRPO step 1's rollouts against their targets)
-and the multi-step figure (multi-step shares and the reward gap per step), on histories with
-the metrics and on older ones without them."""
+"""The training report's warm start check (GRPO step 1's rollouts against their targets),
+the multi-step figure (multi-step shares and the reward gap per step) and the parse-rate
+figure's curriculum share, on histories with the metrics and on older ones without them."""
 
 from __future__ import annotations
 
@@ -118,3 +118,17 @@ def test_a_gap_logged_at_no_step_is_told_apart_from_an_older_run():
     _, note = tr.multi_step_figure(never)
     assert "no step did a group hold both single- and multi-step attempts" in note
     assert "not logged by this run" not in note
+
+
+def test_the_parse_rate_figure_draws_the_curriculum_share_only_where_logged():
+    drawn = history()
+    drawn["grpo/rollouts/accuracy"] = [0.6, 0.7, 0.5, 0.8, float("nan")]
+    drawn["grpo/curriculum/unsolved_share"] = [0.25, 0.25, 0.375, 0.5, float("nan")]
+    (ax,) = tr.parse_rate_figure(drawn).axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    share = lines["curriculum: questions the reference worker got wrong (grpo)"]
+    assert list(share.get_ydata()) == [0.25, 0.25, 0.375, 0.5]
+    assert ax.get_title().endswith("with the curriculum's share")
+    (plain,) = tr.parse_rate_figure(history()).axes
+    assert [line.get_label() for line in plain.get_lines()] == ["parse rate (grpo)"]
+    assert plain.get_title() == "Workflow parse rate and rollout accuracy"

@@ -1,6 +1,7 @@
-"""The training report's curves over the steps: reward, parse rate, worker usage, cost per
-rollout, and the warm start's SFT loss. Two series that are the same draw one line under
-both names, and a series that never changes is a note with its value, not a flat line."""
+"""The training report's curves over the steps: reward, parse rate (with the curriculum's
+share), worker usage, cost per rollout, and the warm start's SFT loss. Two series that are
+the same draw one line under both names, and a series that never changes is a note with its
+value, not a flat line."""
 
 from __future__ import annotations
 
@@ -129,16 +130,24 @@ def reward_figure(history: pd.DataFrame):
 
 
 def parse_rate_figure(history: pd.DataFrame):
-    """Share of rollouts that were a valid workflow, and the accuracy of those scored."""
+    """Share of rollouts that were a valid workflow, the accuracy of those scored and, in a
+    run with a curriculum, the share of rollouts whose question the reference worker got
+    wrong: the accuracy falls where a step drew more of them, not only where the policy
+    got worse."""
     parse = _require(history, "rollouts/parse_rate")
     figure = new_figure()
     ax = figure.add_subplot(1, 1, 1)
     _line_plot(ax, parse, "parse rate")
     _line_plot(ax, stage_series(history, "rollouts/accuracy"), "accuracy of scored rollouts")
+    drawn = stage_series(history, "curriculum/unsolved_share")
+    _line_plot(ax, drawn, "curriculum: questions the reference worker got wrong", linestyle=":")
     ax.set_ylim(-0.05, 1.05)
     _step_axis(ax)
     ax.set_ylabel("share of rollouts")
-    ax.set_title("Workflow parse rate and rollout accuracy")
+    ax.set_title(
+        "Workflow parse rate and rollout accuracy"
+        + (", with the curriculum's share" if drawn else "")
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     figure.tight_layout()
