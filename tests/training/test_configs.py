@@ -156,17 +156,28 @@ def test_warm_start_planner_draws_workers_at_random_in_every_shape():
     assert all(len(workers) >= 4 for workers in solvers.values()), solvers
 
 
-@pytest.mark.parametrize("distinct", [True, False])
-def test_the_checker_is_never_a_solver_unless_asked(distinct):
+@pytest.mark.parametrize("checker", [True, False])
+@pytest.mark.parametrize("aggregator", [True, False])
+def test_the_last_worker_is_a_solver_only_where_asked(checker, aggregator):
     """A self-check gains nothing (persistent errors, the paper's Table 7): by default the
-    worker that checks or aggregates is another than the solvers, still drawn at random."""
-    settings = TrainingConfig.from_params({"sft": {"distinct_checker": distinct}}).sft
+    worker that checks or aggregates is another than the solvers, still drawn at random.
+    Each shape has its own setting, and one leaves the other shape's draws as they were."""
+    sft = {"distinct_checker": checker, "distinct_aggregator": aggregator}
+    settings = TrainingConfig.from_params({"sft": sft}).sft
     planner = ReferencePlanner(["a", "b", "c", "d"], settings, question_to_workers=True)
     plans = [planner.plan(make_task(i, i, 1)) for i in range(300)]
-    multi = [[s.worker for s in p.workflow.steps] for p in plans if p.shape != "single"]
-    own = sum(workers[-1] in workers[:-1] for workers in multi)
-    assert (own == 0) if distinct else (own > 20), own
-    assert {workers[-1] for workers in multi} == {0, 1, 2, 3}
+    default = ReferencePlanner(
+        ["a", "b", "c", "d"], TrainingConfig.from_params({}).sft, question_to_workers=True
+    )
+    usual = [default.plan(make_task(i, i, 1)) for i in range(300)]
+    for shape, distinct in (("solve_check", checker), ("parallel_aggregate", aggregator)):
+        multi = [[s.worker for s in p.workflow.steps] for p in plans if p.shape == shape]
+        own = sum(workers[-1] in workers[:-1] for workers in multi)
+        assert (own == 0) if distinct else (own > 10), (shape, own)
+        assert {workers[-1] for workers in multi} == {0, 1, 2, 3}
+        if distinct:  # the same examples as the default's, draw for draw
+            mine = [p for p in plans if p.shape == shape]
+            assert mine == [p for p in usual if p.shape == shape]
 
 
 @pytest.mark.parametrize("in_order", [True, False])

@@ -246,7 +246,8 @@ class SFTSettings:
     keep it with a decaying schedule. ``model_id_last``: the examples write the worker ids
     after the subtasks and the access list, so that their count follows the shape already
     written (docs/measurements.md, "The warm start at GRPO step 1"). ``distinct_checker``:
-    the worker that checks or aggregates is never one of the example's solvers.
+    the worker that checks a single attempt is never its solver; ``distinct_aggregator``: the
+    worker that aggregates parallel attempts is never one of their solvers.
     ``attempts_in_pool_order``: the parallel attempts are written in the pool's order (their
     order changes nothing they compute), so a set of solvers has one spelling, not one per
     permutation, and no solver follows itself.
@@ -268,6 +269,7 @@ class SFTSettings:
     subtask_wordings: int = 1
     model_id_last: bool = False
     distinct_checker: bool = True
+    distinct_aggregator: bool = True
     attempts_in_pool_order: bool = False
     domain_workers: Mapping[str, str] = field(default_factory=dict)
     default_worker: str = "sim-sage"

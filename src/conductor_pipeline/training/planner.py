@@ -10,10 +10,14 @@ example is drawn at random, seeded by the task id:
 - ``parallel_aggregate``: two (up to ``max_parallel_attempts``) workers solve it
   independently, one more sees every attempt and gives the answer.
 
-With ``distinct_checker`` (the default) the worker that checks or aggregates is never one of
-the solvers, as a second opinion comes from someone else: a worker checking its own answer
-gains nothing, in the sandbox as in the paper's Table 7, and a warm start that wrote "A, then
-A" taught GRPO to spend steps on it. Which workers, still, is drawn at random.
+With ``distinct_checker`` (the default) the worker that checks a single attempt is never its
+solver, as a second opinion comes from someone else: a worker checking its own answer gains
+nothing, in the sandbox as in the paper's Table 7, and a warm start that wrote "A, then A"
+taught GRPO to spend steps on it. An aggregator sees the other attempts too, so "A and B,
+then A" is a second opinion all the same; ``distinct_aggregator`` keeps it off the solvers
+as well (as every warm start did before it was a setting). With it, a Conductor that learned
+to ask the strongest worker for an attempt could not also give it the last word, which the
+warm start never wrote after it. Which workers, still, is drawn at random.
 
 The shape is drawn with the weights in ``SFTSettings.shapes``. GRPO can only reinforce
 what the warm start already writes, so the multi-step shapes get most of the examples by
@@ -113,8 +117,11 @@ class ReferencePlanner:
         except ValueError:
             return 0
 
-    def _workers(self, task: Task, rng: random.Random, count: int) -> list[int]:
-        """``count`` workers for one workflow: solvers first, then the checker/aggregator."""
+    def _workers(
+        self, task: Task, rng: random.Random, count: int, distinct_last: bool = False
+    ) -> list[int]:
+        """``count`` workers for one workflow: solvers first, then the checker/aggregator,
+        which ``distinct_last`` keeps off the solvers where the pool has another worker."""
         n = len(self.worker_names)
         if self.settings.routing == "domain_table":
             solver = self.worker_for(
@@ -131,7 +138,7 @@ class ReferencePlanner:
             solvers.append(rng.randrange(n))
         if self.settings.attempts_in_pool_order:
             solvers.sort()
-        if self.settings.distinct_checker:
+        if distinct_last:
             others = [w for w in range(n) if w not in solvers]
             if others:  # a pool no larger than the solvers has no other worker to check
                 return [*solvers, rng.choice(others)]
@@ -153,12 +160,14 @@ class ReferencePlanner:
             (a,) = self._workers(task, rng, 1)
             steps = [Step(a, self._solve(task, rng))]
         elif shape == "solve_check":
-            a, b = self._workers(task, rng, 2)
+            a, b = self._workers(task, rng, 2, self.settings.distinct_checker)
             check = self._wording(CHECK_WORDINGS, rng)
             steps = [Step(a, self._solve(task, rng)), Step(b, check, (0,))]
         else:
             attempts = rng.randint(2, self.settings.max_parallel_attempts)
-            *solvers, last = self._workers(task, rng, attempts + 1)
+            *solvers, last = self._workers(
+                task, rng, attempts + 1, self.settings.distinct_aggregator
+            )
             steps = [Step(w, self._solve(task, rng)) for w in solvers]
             aggregate = self._wording(AGGREGATE_WORDINGS, rng)
             steps.append(Step(last, aggregate, tuple(range(attempts))))
