@@ -13,11 +13,11 @@ example is drawn at random, seeded by the task id:
 With ``distinct_checker`` (the default) the worker that checks a single attempt is never its
 solver, as a second opinion comes from someone else: a worker checking its own answer gains
 nothing, in the sandbox as in the paper's Table 7, and a warm start that wrote "A, then A"
-taught GRPO to spend steps on it. An aggregator sees the other attempts too, so "A and B,
-then A" is a second opinion all the same; ``distinct_aggregator`` keeps it off the solvers
-as well (as every warm start did before it was a setting). With it, a Conductor that learned
-to ask the strongest worker for an attempt could not also give it the last word, which the
-warm start never wrote after it. Which workers, still, is drawn at random.
+taught GRPO to spend steps on it. ``distinct_aggregator`` (the default too) keeps the worker
+that aggregates parallel attempts off them as well. Without it "A and B, then A" is written
+too, a second opinion all the same since A sees B's attempt; measured on four seeds, GRPO
+then let weaker workers aggregate their own attempts (docs/measurements.md). Which workers,
+still, is drawn at random.
 
 The shape is drawn with the weights in ``SFTSettings.shapes``. GRPO can only reinforce
 what the warm start already writes, so the multi-step shapes get most of the examples by
